@@ -1,0 +1,184 @@
+"""Live controls: the command inbox and its application at step boundaries.
+
+Commands arrive on the server thread; they are validated there (a bad one is refused at
+once) and queued. The training thread applies them at the next optimizer step boundary
+and acknowledges each with the step. Pausing blocks the training thread in the step
+pre-hook, before the update is applied, while the other threads keep serving the
+dashboard; commands sent while paused (checkpoint, clip, LR, stop) are applied from the
+pause loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .protocol import Command, validate_command
+
+
+class StopTraining(SystemExit):
+    """Raised into the script to end it cleanly: ``finally`` blocks and atexit handlers run.
+
+    A SystemExit, so the script's ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+@dataclass
+class Settings:
+    """The values commands change; saved in checkpoints and restored on resume."""
+
+    clip: float | None = None
+    """Gradient-clipping override; None leaves the script's own clipping alone."""
+    lr_scale: float = 1.0
+    """Factor on every param group's LR, on top of the schedulers."""
+
+    def __post_init__(self) -> None:
+        if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
+            raise ValueError(f"clip must be a finite number > 0, got {self.clip}")
+        if not (math.isfinite(self.lr_scale) and self.lr_scale > 0):
+            raise ValueError(f"lr_scale must be a finite number > 0, got {self.lr_scale}")
+
+
+@dataclass
+class Pending:
+    """Work that waits for the next save point (the start of the next step)."""
+
+    checkpoint: list[str] = field(default_factory=list)
+    """Ids of checkpoint commands waiting (several requests share one save)."""
+    stop: str | None = None
+    reason: str = ""
+
+
+class Controls:
+    """Owns the inbox and the live settings; ``Engine`` supplies the effects.
+
+    ``effects`` has: ``ack(cmd, ok, step, message)``, ``set_state(state, **status)``,
+    ``checkpoint(step, reason) -> str`` (a summary), ``start_profile(cmd, step)``,
+    ``kill()``, and ``heartbeat()`` (called about twice a second while paused).
+    """
+
+    def __init__(self, settings: Settings, effects) -> None:
+        self.settings = settings
+        self.paused = False
+        self.pending = Pending()
+        self._fx = effects
+        self._inbox: collections.deque[Command] = collections.deque()
+        self._wake = threading.Event()
+        self.requested_pause = False
+
+    # -------------------------------------------------------------- server thread
+
+    def submit(self, cmd: Command) -> None:
+        """Validate and queue a command; refuse it at once when invalid."""
+        error = validate_command(cmd)
+        if error:
+            self._fx.ack(cmd, False, None, error)
+            return
+        if cmd.name == "kill":
+            self._fx.kill()
+            return
+        if cmd.name == "pause":
+            self.requested_pause = True
+        self._inbox.append(cmd)
+        self._wake.set()
+
+    # ------------------------------------------------------------ training thread
+
+    def has_work(self) -> bool:
+        """Cheap check for the hot path: anything queued or pending?"""
+        return bool(self._inbox) or self.paused or bool(self.pending.checkpoint) or self.pending.stop is not None
+
+    def at_step_start(self, step: int) -> None:
+        """Apply queued commands before step ``step + 1`` updates; block while paused."""
+        self._apply_inbox(step)
+        while self.paused:
+            self._fx.heartbeat()
+            self._wake.wait(0.5)
+            self._wake.clear()
+            self._apply_inbox(step)
+            if self.pending.checkpoint or self.pending.stop is not None:
+                # Paused runs still save and stop when asked.
+                self.at_save_point(step)
+
+    def at_save_point(self, step: int) -> None:
+        """Serve pending checkpoints and stops. Raises StopTraining to end the script."""
+        pending = self.pending
+        if pending.checkpoint:
+            ids, pending.checkpoint = pending.checkpoint, []
+            try:
+                summary = self._fx.checkpoint(step, pending.reason or "requested")
+            except Exception as exc:  # a failed save must not kill training
+                for cid in ids:
+                    self._fx.ack(Command(cid, "checkpoint"), False, step, f"checkpoint failed: {exc}")
+            else:
+                for cid in ids:
+                    if cid:
+                        self._fx.ack(Command(cid, "checkpoint"), True, step, summary)
+            pending.reason = ""
+        if pending.stop is not None:
+            cid, pending.stop = pending.stop, None
+            try:
+                summary = self._fx.checkpoint(step, "stop")
+            except Exception as exc:
+                summary = f"checkpoint failed: {exc}"
+            self._fx.ack(Command(cid, "stop"), True, step, f"stopping after step {step}; {summary}")
+            self.paused = False
+            self._fx.set_state("stopping")
+            raise StopTraining()
+
+    def request_checkpoint(self, reason: str) -> None:
+        """Ask for a checkpoint at the next save point (periodic saves use this)."""
+        if "" not in self.pending.checkpoint:
+            self.pending.checkpoint.append("")
+        self.pending.reason = reason
+
+    def _apply_inbox(self, step: int) -> None:
+        while self._inbox:
+            cmd = self._inbox.popleft()
+            self._apply(cmd, step)
+
+    def _apply(self, cmd: Command, step: int) -> None:
+        fx, s = self._fx, self.settings
+        if cmd.name == "pause":
+            self.requested_pause = False
+            if self.paused:
+                fx.ack(cmd, False, step, "already paused")
+                return
+            self.paused = True
+            fx.set_state("paused", paused_at=step)
+            fx.ack(cmd, True, step, f"paused at step {step}")
+        elif cmd.name == "resume":
+            if not self.paused:
+                fx.ack(cmd, False, step, "not paused")
+                return
+            self.paused = False
+            fx.set_state("running", paused_at=None)
+            fx.ack(cmd, True, step, f"resumed at step {step}")
+        elif cmd.name == "clip":
+            old, s.clip = s.clip, cmd.value
+            new = "off (the script's own clipping)" if s.clip is None else f"{s.clip:g}"
+            fx.set_state(None)
+            fx.ack(cmd, True, step, f"clip norm {_fmt(old)} -> {new} from step {step + 1}")
+        elif cmd.name == "lr_scale":
+            old, s.lr_scale = s.lr_scale, float(cmd.value)
+            fx.set_state(None)
+            fx.ack(cmd, True, step, f"LR factor {old:g} -> {s.lr_scale:g} from step {step + 1}")
+        elif cmd.name == "checkpoint":
+            self.pending.checkpoint.append(cmd.id)
+            if not self.paused:
+                self.pending.reason = "requested"
+        elif cmd.name == "stop":
+            self.pending.stop = cmd.id
+            fx.set_state("stopping")
+        elif cmd.name == "profile":
+            fx.start_profile(cmd, step)
+
+
+def _fmt(clip: float | None) -> str:
+    return "off" if clip is None else f"{clip:g}"

@@ -1,0 +1,57 @@
+"""Pure metric math on tensors: gradient norms, update ratios. No hooks, no I/O.
+
+Everything here stays on the device: no ``.item()``, no ``.cpu()``. Values reach the
+host later, in one batched copy per flush (see recorder.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype, _has_foreach_support
+
+
+@torch.no_grad()
+def grad_norms(grads: list[torch.Tensor], norm_type: float = 2.0,
+               foreach: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor norms (float32, in the order of ``grads``) and the total norm.
+
+    The total is computed exactly as ``torch.nn.utils.get_total_norm`` computes it (same
+    grouping, same kernels, same order), so a clip that uses it gives bit-identical
+    results to the script's own ``clip_grad_norm_`` while the norm pass runs only once.
+    """
+    norm_type = float(norm_type)
+    if not grads:
+        zero = torch.tensor(0.0)
+        return zero.reshape(0), zero
+    first_device = grads[0].device
+    grouped = _group_tensors_by_device_and_dtype([grads])
+    norms: list[torch.Tensor] = []
+    order: list[int] = []
+    for (device, _), ([device_grads], indices) in grouped.items():
+        if (foreach is None and _has_foreach_support(device_grads, device)) or foreach:
+            norms.extend(torch._foreach_norm(device_grads, norm_type))
+        else:
+            norms.extend(torch.linalg.vector_norm(g, norm_type) for g in device_grads)
+        order.extend(indices)
+    stacked = torch.stack([n.to(first_device) for n in norms])
+    total = torch.linalg.vector_norm(stacked, norm_type)
+    per_tensor = stacked.float()
+    if order != sorted(order):
+        per_tensor = per_tensor[torch.argsort(torch.tensor(order, device=first_device))]
+    return per_tensor, total
+
+
+@torch.no_grad()
+def clip_with_norm(params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor,
+                   foreach: bool | None = None) -> None:
+    """Scale gradients in place by ``min(max_norm / (total_norm + 1e-6), 1)``, on device."""
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm, foreach=foreach)
+
+
+@torch.no_grad()
+def update_ratio(before: list[torch.Tensor], after: list[torch.Tensor]) -> torch.Tensor:
+    """Per-tensor ``|after - before| / |before|`` (float32), the size of one update."""
+    deltas = torch._foreach_sub(after, before)
+    delta_norms = torch.stack([n.float() for n in torch._foreach_norm(deltas)])
+    weight_norms = torch.stack([n.float() for n in torch._foreach_norm(before)])
+    return delta_norms / weight_norms.clamp_min(1e-12)

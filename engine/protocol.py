@@ -1,0 +1,304 @@
+"""The wire protocol between the engine and the dashboard: every message, and its framing.
+
+This module is the one place message kinds are defined. It uses only the standard
+library, so the terminal side can import it without pulling in torch.
+
+A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON. The JSON
+object carries ``"type"`` (the message kind) and ``"v"`` (the schema version). Nothing on
+the wire is ever executable: no pickle, no eval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+VERSION = 1
+"""Schema version; a peer with another version is refused at the handshake."""
+
+MAX_FRAME = 8 * 1024 * 1024
+"""Largest frame either side accepts, in bytes. Larger length prefixes are refused unread."""
+
+_HEADER = struct.Struct(">I")
+
+
+class ProtocolError(ValueError):
+    """A frame or message that does not follow this protocol."""
+
+
+# ---------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of every message; subclasses set ``type``."""
+
+    type: ClassVar[str] = ""
+
+
+# Client -> engine ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """First frame from a client: proves it may talk to this run."""
+
+    type: ClassVar[str] = "hello"
+    token: str
+    client: str = "dashboard"
+    """Who is connecting (``dashboard``, ``ctl``); informational."""
+
+
+COMMANDS = ("pause", "resume", "checkpoint", "clip", "lr_scale", "stop", "kill", "profile")
+"""Every command name the engine understands."""
+
+
+@dataclass(frozen=True)
+class Command(Message):
+    """A request to change the run, applied by the engine at the next step boundary."""
+
+    type: ClassVar[str] = "command"
+    id: str
+    name: str
+    value: float | None = None
+    """The argument of ``clip`` (None turns the override off), ``lr_scale`` and ``profile``."""
+
+
+# Engine -> client ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Welcome(Message):
+    """The engine's answer to a valid Hello: who this run is, and where its files are."""
+
+    type: ClassVar[str] = "welcome"
+    run_id: str
+    run_dir: str
+    pid: int
+    world_size: int = 1
+
+
+@dataclass(frozen=True)
+class Refused(Message):
+    """The engine's answer to a client it will not serve; the connection closes after it."""
+
+    type: ClassVar[str] = "refused"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Metrics(Message):
+    """A batch of per-step scalars, in step order.
+
+    ``rows`` holds one ``[step, wall_time, {name: value}]`` list per optimizer step and
+    rank. Names carry scope and unit (``loss``, ``opt/lr/group0``, ``grad/norm_total``).
+    Non-finite values travel as None (JSON has no NaN); ``dropped`` counts rows the
+    engine could not send to this client since the previous batch.
+    """
+
+    type: ClassVar[str] = "metrics"
+    rows: list = field(default_factory=list)
+    rank: int = 0
+    dropped: int = 0
+
+
+@dataclass(frozen=True)
+class Status(Message):
+    """The run's state, sent on every change and with each flush.
+
+    ``state`` is one of STATES; ``step`` counts completed optimizer steps.
+    """
+
+    type: ClassVar[str] = "status"
+    state: str
+    step: int
+    total_steps: int | None = None
+    paused_at: int | None = None
+    clip: float | None = None
+    """The live clip-norm override, None when the script's own clipping rules."""
+    lr_scale: float = 1.0
+    exit_code: int | None = None
+    detail: str = ""
+
+
+STATES = ("starting", "running", "pausing", "paused", "stopping", "finished", "stopped", "crashed")
+"""Every run state. ``finished`` and ``stopped`` ended cleanly; ``crashed`` did not."""
+
+ENDED = frozenset({"finished", "stopped", "crashed"})
+
+
+@dataclass(frozen=True)
+class Ack(Message):
+    """The answer to one Command: applied at ``step``, or refused with ``message``."""
+
+    type: ClassVar[str] = "ack"
+    id: str
+    name: str
+    ok: bool
+    step: int | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Event(Message):
+    """Something worth a line in the events pane and the journal."""
+
+    type: ClassVar[str] = "event"
+    kind: str
+    step: int
+    wall: float
+    message: str
+    data: dict = field(default_factory=dict)
+
+
+MESSAGES: dict[str, type[Message]] = {
+    cls.type: cls for cls in (Hello, Command, Welcome, Refused, Metrics, Status, Ack, Event)
+}
+
+
+# ----------------------------------------------------------------------- validation
+
+
+def validate_command(cmd: Command) -> str | None:
+    """Return why ``cmd`` cannot be applied, or None when it is valid.
+
+    The dashboard checks the same rules in its dialogs; the engine checks again because
+    the socket may carry anything.
+    """
+    if cmd.name not in COMMANDS:
+        return f"unknown command {cmd.name!r}"
+    if cmd.name == "clip" and cmd.value is not None:
+        return _positive_finite(cmd.value, "clip norm")
+    if cmd.name == "lr_scale":
+        return _positive_finite(cmd.value, "LR factor")
+    if cmd.name == "profile":
+        if not isinstance(cmd.value, (int, float)) or cmd.value != int(cmd.value) or not 1 <= cmd.value <= 1000:
+            return "profile takes a whole number of steps from 1 to 1000"
+    return None
+
+
+def _positive_finite(value: Any, what: str) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{what} must be a number, got {value!r}"
+    if not math.isfinite(value) or value <= 0:
+        return f"{what} must be a finite number > 0, got {value!r}"
+    return None
+
+
+def parse_positive(text: str, what: str, allow_off: bool = False) -> float | None:
+    """Parse a number typed by a person: finite and > 0, or ``off`` when allowed.
+
+    Raises ValueError with a one-line message fit to show under the field.
+    """
+    text = text.strip()
+    if allow_off and text.lower() in ("off", "none", ""):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{what} must be a number{' or off' if allow_off else ''}, got {text!r}") from None
+    error = _positive_finite(value, what)
+    if error:
+        raise ValueError(error)
+    return value
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def to_dict(msg: Message) -> dict:
+    """The JSON object for ``msg``."""
+    body = {"type": msg.type, "v": VERSION}
+    body.update(dataclasses.asdict(msg))
+    return body
+
+
+def from_dict(body: Any) -> Message:
+    """Build the message a decoded JSON object describes, checking kind, version and fields."""
+    if not isinstance(body, dict):
+        raise ProtocolError("a message must be a JSON object")
+    kind = body.get("type")
+    cls = MESSAGES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message type {kind!r}")
+    if body.get("v") != VERSION:
+        raise ProtocolError(f"protocol version {body.get('v')!r} is not {VERSION}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in body.items() if k in names}
+    try:
+        msg = cls(**kwargs)
+    except TypeError as exc:
+        raise ProtocolError(f"bad {kind} message: {exc}") from None
+    _check_types(msg)
+    return msg
+
+
+_SCALARS = {"str": str, "int": int, "float": (int, float), "bool": bool, "list": list, "dict": dict}
+
+
+def _check_types(msg: Message) -> None:
+    for f in dataclasses.fields(msg):
+        value = getattr(msg, f.name)
+        annotation = str(f.type)
+        if value is None and "None" in annotation:
+            continue
+        base = annotation.split("|")[0].strip()
+        expected = _SCALARS.get(base)
+        ok = expected is None or isinstance(value, expected)
+        if ok and base in ("int", "float") and isinstance(value, bool):
+            ok = False
+        if not ok:
+            raise ProtocolError(f"bad {msg.type} message: {f.name} must be {annotation}")
+
+
+def encode(msg: Message) -> bytes:
+    """One length-prefixed frame holding ``msg``."""
+    payload = json.dumps(to_dict(msg), separators=(",", ":"), allow_nan=False).encode()
+    if len(payload) > MAX_FRAME:
+        raise ProtocolError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
+    return _HEADER.pack(len(payload)) + payload
+
+
+def decode(payload: bytes) -> Message:
+    """The message in one frame's payload (without its length prefix)."""
+    try:
+        body = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"frame is not UTF-8 JSON: {exc}") from None
+    return from_dict(body)
+
+
+class FrameReader:
+    """Incremental frame splitter for a byte stream: feed bytes, take whole payloads.
+
+    Refuses a length prefix above ``max_frame`` before buffering the frame, so a peer
+    cannot make the reader hold more than that.
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buffer = bytearray()
+        self._max_frame = max_frame
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add received bytes; return the payloads of the frames now complete."""
+        self._buffer += data
+        frames = []
+        while len(self._buffer) >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(self._buffer)
+            if length > self._max_frame:
+                raise ProtocolError(f"frame of {length} bytes exceeds the limit of {self._max_frame}")
+            end = _HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            frames.append(bytes(self._buffer[_HEADER.size:end]))
+            del self._buffer[:end]
+        return frames
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON has no NaN or infinity: such values travel (and are stored) as None."""
+    return value if math.isfinite(value) else None

@@ -1,0 +1,149 @@
+"""The run directory: where one run's metadata, history, output and checkpoints live.
+
+```
+ptdash-runs/20261130-101500-train/
+  run.json          metadata and state (argv, cwd, git, host, status, exit code, socket)
+  token             the control socket's secret (0600)
+  metrics.db        the metrics store (see store.py)
+  output.log        the script's stdout and stderr
+  engine.log        the engine's own diagnostics
+  checkpoints/      step-<N>.pt
+  profiles/         profiler traces
+```
+
+A per-user registry (``<private dir>/runs/<id>``, each holding the run dir's path) lets
+``ptdash attach`` and ``ptdash ls`` find live runs started from any directory.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import time
+from pathlib import Path
+
+from .transport import private_dir
+
+DEFAULT_ROOT = "ptdash-runs"
+RUN_JSON = "run.json"
+
+
+def create(root: Path, name: str, extra: dict, exact: bool = False) -> Path:
+    """Make a new run dir under ``root`` with its token and an initial run.json.
+
+    The dir is ``root/<time>-<name>``, or ``root/<name>`` when ``exact`` (an empty
+    existing directory is reused then).
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")[:40] or "run"
+    root.mkdir(parents=True, exist_ok=True)
+    if exact:
+        path = root / name
+        path.mkdir(exist_ok=True)
+    else:
+        for n in range(1000):
+            path = root / (f"{stamp}-{slug}" + (f"-{n}" if n else ""))
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                continue
+    run_id = secrets.token_hex(4)
+    token_path = path / "token"
+    fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    info = {
+        "id": run_id,
+        "name": name,
+        "run_dir": str(path.resolve()),
+        "socket": str(private_dir() / f"{run_id}.sock"),
+        "host": socket.gethostname(),
+        "user_uid": os.getuid(),
+        "status": "starting",
+        "created": time.time(),
+        **extra,
+    }
+    write_info(path, info)
+    return path
+
+
+def read_info(run_dir: Path) -> dict:
+    """The run's metadata; raises FileNotFoundError or ValueError with a clear message."""
+    path = Path(run_dir) / RUN_JSON
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{run_dir} is not a ptdash run (no {RUN_JSON})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is damaged: {exc}") from None
+
+
+def write_info(run_dir: Path, info: dict) -> None:
+    """Replace run.json atomically, so a reader never sees half of it."""
+    path = Path(run_dir) / RUN_JSON
+    tmp = path.with_name(f".{RUN_JSON}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(info, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def update_info(run_dir: Path, **changes) -> dict:
+    """Merge ``changes`` into run.json and return the result."""
+    info = read_info(run_dir)
+    info.update(changes)
+    write_info(run_dir, info)
+    return info
+
+
+def read_token(run_dir: Path) -> str:
+    return (Path(run_dir) / "token").read_text().strip()
+
+
+# ------------------------------------------------------------------ live-run registry
+
+
+def _registry() -> Path:
+    path = private_dir() / "runs"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def register(run_id: str, run_dir: Path) -> None:
+    """Record a live run so ``ptdash attach`` finds it from any directory."""
+    (_registry() / run_id).write_text(str(Path(run_dir).resolve()))
+
+
+def unregister(run_id: str) -> None:
+    try:
+        (_registry() / run_id).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def registered() -> list[Path]:
+    """Run dirs of registered runs whose run.json still exists."""
+    dirs = []
+    for entry in _registry().iterdir():
+        path = Path(entry.read_text().strip())
+        if (path / RUN_JSON).exists():
+            dirs.append(path)
+        else:
+            entry.unlink(missing_ok=True)
+    return dirs
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this pid exists (ours or not)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,444 @@
+"""The control socket: a Unix socket server in the engine and the client the dashboard uses.
+
+Only the run's owner gets in. The socket lives in a private per-user directory (0700,
+checked, never on a network file system), the socket file is 0600, the peer's uid is
+checked with SO_PEERCRED before a byte is read, and the first frame must carry the run's
+secret token. Frames are length-capped; anything malformed is refused with a reason and
+the connection closed, never raising into the engine.
+
+The server never blocks its callers: ``publish`` appends to per-client buffers. A client
+that does not read loses live metrics (counted, sent later as ``dropped``) but never
+slows training; one whose buffer of must-deliver messages overflows is disconnected.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import selectors
+import socket
+import stat
+import struct
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from . import protocol
+from .protocol import Command, Hello, Message, Metrics, ProtocolError, Refused, Welcome
+
+log = logging.getLogger("ptdash.transport")
+
+AUTH_TIMEOUT = 5.0
+"""Seconds a new connection has to present its token."""
+
+METRICS_BUFFER = 4 * 1024 * 1024
+"""Bytes of unsent frames above which a client's live metrics are dropped."""
+
+HARD_BUFFER = 32 * 1024 * 1024
+"""Bytes of unsent frames above which a client is disconnected."""
+
+MAX_CLIENT_FRAME = 64 * 1024
+"""Clients only send small commands; a larger frame from one is refused."""
+
+_NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "afs", "9p", "lustre", "gpfs"}
+
+
+class TransportError(ConnectionError):
+    """The socket cannot be used; the message is one line meant for the user."""
+
+
+# ------------------------------------------------------------------ private directory
+
+
+def private_dir() -> Path:
+    """The per-user directory for sockets and the live-run registry, created 0700.
+
+    ``$XDG_RUNTIME_DIR/ptdash`` when that exists (per user, on tmpfs), else
+    ``/tmp/ptdash-<uid>``. Refuses a directory that another user owns, that others can
+    enter, or that sits on a network file system.
+    """
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        path = Path(runtime) / "ptdash"
+    else:
+        path = Path(tempfile.gettempdir()) / f"ptdash-{os.getuid()}"
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    check_private_dir(path)
+    return path
+
+
+def check_private_dir(path: Path) -> None:
+    """Raise TransportError unless ``path`` is a real directory, ours, mode 0700, local."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise TransportError(f"{path} is not a directory; refusing to put the control socket there")
+    if st.st_uid != os.getuid():
+        raise TransportError(f"{path} belongs to uid {st.st_uid}, not you; refusing to use it")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise TransportError(f"{path} has mode {stat.S_IMODE(st.st_mode):o}; it must be 700")
+    fstype = filesystem_type(path)
+    if fstype in _NETWORK_FILESYSTEMS:
+        raise TransportError(f"{path} is on a network file system ({fstype}); set XDG_RUNTIME_DIR to a local one")
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the file system holding ``path``, from /proc/mounts (None if unknown)."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    target, best = str(Path(path).resolve()), (-1, None)
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = fields[1].replace("\\040", " ")
+        if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) > best[0]:
+            best = (len(mount), fields[2])
+    return best[1]
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a connected Unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+# --------------------------------------------------------------------------- server
+
+
+class _Client:
+    def __init__(self, sock: socket.socket, now: float) -> None:
+        self.sock = sock
+        self.reader = protocol.FrameReader(MAX_CLIENT_FRAME)
+        self.out = bytearray()
+        self.authed = False
+        self.closing = False
+        self.dropped = 0
+        self.connected_at = now
+        self.name = "?"
+
+
+class Server:
+    """Serves one run's control socket from a background thread.
+
+    ``on_command(cmd)`` runs on the server thread for each valid command from an
+    authenticated client; ``on_connect()`` returns the messages a new client gets after
+    the Welcome (current status and the like).
+    """
+
+    def __init__(self, path: Path, token: str, welcome: Welcome,
+                 on_command: Callable[[Command], None],
+                 on_connect: Callable[[], list[Message]] = lambda: []) -> None:
+        self.path = Path(path)
+        self._token = token
+        self._welcome = welcome
+        self._on_command = on_command
+        self._on_connect = on_connect
+        self._clients: dict[int, _Client] = {}
+        self._lock = threading.Lock()
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.refusals: list[str] = []
+
+    def start(self) -> None:
+        """Bind the socket (0600) and start serving."""
+        check_private_dir(self.path.parent)
+        if self.path.exists():
+            self.path.unlink()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            self._listener.bind(str(self.path))
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        self._listener.listen(8)
+        self._listener.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ, "listen")
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._serve, name="ptdash-server", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Flush what can be flushed in a moment, close every connection, remove the socket."""
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(c.out for c in self._clients.values() if c.authed):
+                    break
+            time.sleep(0.02)
+        self._stopping = True
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    @property
+    def client_count(self) -> int:
+        with self._lock:
+            return sum(1 for c in self._clients.values() if c.authed)
+
+    def publish(self, msg: Message) -> None:
+        """Queue ``msg`` for every authenticated client; never blocks.
+
+        Metrics are dropped for a client whose buffer is full (and counted); other
+        messages are always queued, up to a hard cap that disconnects the client.
+        """
+        frame = protocol.encode(msg)
+        is_metrics = isinstance(msg, Metrics)
+        with self._lock:
+            for client in self._clients.values():
+                if not client.authed or client.closing:
+                    continue
+                if is_metrics and len(client.out) > METRICS_BUFFER:
+                    client.dropped += len(msg.rows)
+                    continue
+                if is_metrics and client.dropped:
+                    client.out += protocol.encode(replace(msg, dropped=msg.dropped + client.dropped))
+                    client.dropped = 0
+                else:
+                    client.out += frame
+                if len(client.out) > HARD_BUFFER:
+                    client.closing = True
+                    self._note(f"client {client.name} disconnected: it stopped reading")
+        self._wake()
+
+    # The serving loop and its helpers run on the server thread only.
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _note(self, reason: str) -> None:
+        self.refusals.append(reason)
+        del self.refusals[:-100]
+        log.warning(reason)
+
+    def _serve(self) -> None:
+        try:
+            while not self._stopping:
+                for key, events in self._selector.select(timeout=0.5):
+                    if key.data == "listen":
+                        self._accept()
+                    elif key.data == "wake":
+                        try:
+                            while self._wake_r.recv(4096):
+                                pass
+                        except BlockingIOError:
+                            pass
+                    else:
+                        client = key.data
+                        if events & selectors.EVENT_READ:
+                            self._read(client)
+                        if events & selectors.EVENT_WRITE:
+                            self._write(client)
+                self._reap()
+                self._update_interest()
+        except Exception:  # the server must never take the engine down with it
+            log.exception("control socket server failed")
+        finally:
+            for client in list(self._clients.values()):
+                self._close(client)
+            self._listener.close()
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self._listener.accept()
+        except (BlockingIOError, OSError):
+            return
+        uid = peer_uid(sock)
+        if uid != os.getuid():
+            self._note(f"refused a connection from uid {uid}: only the run's owner may connect")
+            self._refuse_now(sock, "only the run's owner may connect")
+            return
+        sock.setblocking(False)
+        client = _Client(sock, time.monotonic())
+        with self._lock:
+            self._clients[sock.fileno()] = client
+        self._selector.register(sock, selectors.EVENT_READ, client)
+
+    def _refuse_now(self, sock: socket.socket, reason: str) -> None:
+        try:
+            sock.setblocking(False)
+            sock.send(protocol.encode(Refused(reason)))
+        except OSError:
+            pass
+        sock.close()
+
+    def _refuse(self, client: _Client, reason: str) -> None:
+        self._note(f"refused client {client.name}: {reason}")
+        with self._lock:
+            client.out += protocol.encode(Refused(reason))
+            client.closing = True
+
+    def _read(self, client: _Client) -> None:
+        try:
+            data = client.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(client)
+            return
+        if client.closing:
+            return
+        try:
+            frames = client.reader.feed(data)
+            for payload in frames:
+                self._handle(client, protocol.decode(payload))
+                if client.closing:
+                    return
+        except ProtocolError as exc:
+            self._refuse(client, f"bad frame: {exc}")
+
+    def _handle(self, client: _Client, msg: Message) -> None:
+        if not client.authed:
+            if not isinstance(msg, Hello):
+                self._refuse(client, "the first message must be hello")
+            elif not hmac.compare_digest(msg.token.encode(), self._token.encode()):
+                self._refuse(client, "wrong token")
+            else:
+                client.authed = True
+                client.name = msg.client[:32]
+                frames = b"".join(protocol.encode(m) for m in [self._welcome, *self._on_connect()])
+                with self._lock:
+                    client.out += frames
+            return
+        if isinstance(msg, Command):
+            self._on_command(msg)
+        else:
+            self._refuse(client, f"unexpected {msg.type} message")
+
+    def _write(self, client: _Client) -> None:
+        with self._lock:
+            data = bytes(client.out[:262144])
+        if data:
+            try:
+                sent = client.sock.send(data)
+            except BlockingIOError:
+                return
+            except OSError:
+                self._close(client)
+                return
+            with self._lock:
+                del client.out[:sent]
+        if client.closing and not client.out:
+            self._close(client)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for client in list(self._clients.values()):
+            if not client.authed and not client.closing and now - client.connected_at > AUTH_TIMEOUT:
+                self._refuse(client, "no hello within the time limit")
+            if client.closing and len(client.out) > HARD_BUFFER:
+                self._close(client)
+
+    def _update_interest(self) -> None:
+        with self._lock:
+            clients = list(self._clients.values())
+        for client in clients:
+            want = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.out else 0)
+            try:
+                if self._selector.get_key(client.sock).events != want:
+                    self._selector.modify(client.sock, want, client)
+            except (KeyError, ValueError):
+                pass
+
+    def _close(self, client: _Client) -> None:
+        with self._lock:
+            self._clients.pop(client.sock.fileno(), None)
+        try:
+            self._selector.unregister(client.sock)
+        except (KeyError, ValueError):
+            pass
+        client.sock.close()
+
+
+# --------------------------------------------------------------------------- client
+
+
+class Client:
+    """A blocking connection to a run's engine, used by the dashboard and ``ptdash ctl``."""
+
+    def __init__(self, path: Path | str, token: str, name: str = "dashboard") -> None:
+        self.path = str(path)
+        self._token = token
+        self._name = name
+        self._reader = protocol.FrameReader()
+        self._pending: list[bytes] = []
+        self._send_lock = threading.Lock()
+        self.sock: socket.socket | None = None
+
+    def connect(self, timeout: float = 5.0) -> Welcome:
+        """Connect and authenticate; raise TransportError with a one-line reason."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(self.path)
+        except FileNotFoundError:
+            sock.close()
+            raise TransportError(f"no engine is listening at {self.path} (has the run ended?)") from None
+        except OSError as exc:
+            sock.close()
+            raise TransportError(f"cannot connect to {self.path}: {exc.strerror or exc}") from None
+        self.sock = sock
+        self.send(Hello(token=self._token, client=self._name))
+        msg = self.recv(timeout)
+        if isinstance(msg, Refused):
+            self.close()
+            raise TransportError(f"the engine refused the connection: {msg.reason}")
+        if not isinstance(msg, Welcome):
+            self.close()
+            raise TransportError("the engine did not answer the handshake")
+        return msg
+
+    def send(self, msg: Message) -> None:
+        """Send one message (blocking; commands are tiny)."""
+        if self.sock is None:
+            raise TransportError("not connected")
+        with self._send_lock:
+            self.sock.sendall(protocol.encode(msg))
+
+    def recv(self, timeout: float | None = None) -> Message | None:
+        """The next message, None on timeout; raise TransportError when the engine has gone."""
+        if self.sock is None:
+            raise TransportError("not connected")
+        while not self._pending:
+            self.sock.settimeout(timeout)
+            try:
+                data = self.sock.recv(262144)
+            except socket.timeout:
+                return None
+            except OSError as exc:
+                raise TransportError(f"connection to the engine lost: {exc}") from None
+            if not data:
+                raise TransportError("the engine closed the connection")
+            self._pending.extend(self._reader.feed(data))
+        return protocol.decode(self._pending.pop(0))
+
+    def close(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            finally:
+                self.sock = None

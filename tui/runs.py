@@ -1,0 +1,77 @@
+"""Finding runs: by path, by name or id, or the newest live one. Stdlib only."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ptdash import rundir
+from ptdash.protocol import ENDED
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One line of ``ptdash ls``."""
+
+    path: Path
+    info: dict
+
+    @property
+    def live(self) -> bool:
+        return self.info.get("status") not in ENDED and rundir.pid_alive(self.info.get("pid"))
+
+    @property
+    def state(self) -> str:
+        status = self.info.get("status", "?")
+        if status not in ENDED and not rundir.pid_alive(self.info.get("pid")):
+            # The engine died without recording its end (SIGKILL, power loss).
+            return "lost" if self.info.get("pid") else "starting"
+        return status
+
+    @property
+    def started(self) -> float:
+        return float(self.info.get("started") or self.info.get("created") or 0)
+
+
+def all_runs(root: Path | None = None) -> list[RunSummary]:
+    """Runs under ``root`` (default ./ptdash-runs) plus every registered live run, oldest first."""
+    root = Path(root or rundir.DEFAULT_ROOT)
+    dirs = {p.resolve() for p in root.glob("*/") if (p / rundir.RUN_JSON).is_file()} if root.is_dir() else set()
+    dirs.update(p.resolve() for p in rundir.registered())
+    runs = []
+    for d in dirs:
+        try:
+            runs.append(RunSummary(d, rundir.read_info(d)))
+        except (OSError, ValueError):
+            continue
+    return sorted(runs, key=lambda r: r.started)
+
+
+def resolve(spec: str | None, live_only: bool = False) -> RunSummary:
+    """The run named by ``spec`` (a run dir, or part of a run's name or id); newest if None.
+
+    Raises LookupError with a one-line message.
+    """
+    if spec and (Path(spec) / rundir.RUN_JSON).is_file():
+        path = Path(spec).resolve()
+        return RunSummary(path, rundir.read_info(path))
+    runs = all_runs()
+    if spec:
+        runs = [r for r in runs if spec in r.path.name or spec == r.info.get("id")]
+    if live_only:
+        runs = [r for r in runs if r.live]
+    if not runs:
+        what = f"matching {spec!r}" if spec else ""
+        raise LookupError(f"no {'live ' if live_only else ''}run {what}".replace("  ", " ").strip()
+                          + " (see `ptdash ls`)")
+    return runs[-1]
+
+
+def age(seconds: float) -> str:
+    """``42s``, ``5m``, ``3h``, ``2d``."""
+    seconds = max(0.0, time.time() - seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
