@@ -1,0 +1,147 @@
+"""A torch.profiler window over a few optimizer steps: a Chrome trace plus a top-ops table.
+
+The engine opens a window at a step boundary (post-step hook of step A-1), counts the
+steps it covers with ``on_step()``, and closes it with ``finish()`` (or ``stop()`` then
+``report()``) at the post-step hook of step B. ``start``, ``on_step`` and ``stop`` run on
+the training thread: the profiler records the thread that starts it. A failure (a profiler already running, an export error) comes back as an
+``"error"`` in the summary, never as an exception into training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+TOP_LIMIT = 20
+"""Rows kept in a summary's ``"top"`` table."""
+
+
+def _first(row: Any, names: tuple[str, ...]) -> float:
+    # torch renamed the cuda_* columns to device_* (2.4); read whichever this torch has.
+    for name in names:
+        value = getattr(row, name, None)
+        if value is not None:
+            return float(value)
+    return 0.0
+
+
+def summarize(rows: Iterable[Any], device: str, limit: int = TOP_LIMIT) -> list[dict[str, Any]]:
+    """The ``limit`` most expensive ops of ``prof.key_averages()``-like rows, as plain dicts.
+
+    Sorted by self device time when ``device == "cuda"``, else by self CPU time. Times are
+    milliseconds (the profiler reports microseconds); memory columns are what each op
+    allocated itself ("self"), so nested ops are not counted twice.
+    """
+    table = [
+        {
+            "name": str(row.key),
+            "calls": int(row.count),
+            "self_ms": _first(row, ("self_cpu_time_total",)) / 1000.0,
+            "total_ms": _first(row, ("cpu_time_total",)) / 1000.0,
+            "self_device_ms": _first(row, ("self_device_time_total", "self_cuda_time_total")) / 1000.0,
+            "total_device_ms": _first(row, ("device_time_total", "cuda_time_total")) / 1000.0,
+            "cpu_mem_bytes": int(_first(row, ("self_cpu_memory_usage",))),
+            "device_mem_bytes": int(_first(row, ("self_device_memory_usage", "self_cuda_memory_usage"))),
+        }
+        for row in rows
+    ]
+    if device == "cuda":
+        table.sort(key=lambda r: (r["self_device_ms"], r["self_ms"]), reverse=True)
+    else:
+        table.sort(key=lambda r: r["self_ms"], reverse=True)
+    return table[:limit]
+
+
+def _profiler_active(torch: Any) -> bool:
+    # The module flag is set by every torch.profiler/autograd profiler, from any thread;
+    # the C query only sees the calling thread. Starting a second profiler would silently
+    # end the script's own session, so either one counts.
+    try:
+        return bool(torch.autograd.profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled())
+    except Exception:
+        return False
+
+
+class ProfileWindow:
+    """Profiles ``steps`` optimizer steps starting at step ``step_index``; see the module docstring."""
+
+    def __init__(self, steps: int, out_dir: Path, step_index: int) -> None:
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        if step_index < 0:
+            raise ValueError(f"step_index must be >= 0, got {step_index}")
+        self.steps = steps
+        self.out_dir = Path(out_dir)
+        self.step_index = step_index
+        self._done = 0
+        self._prof: Any = None
+        self._stopped: Any = None
+        self._device = "cpu"
+        self._error: str | None = None
+
+    def start(self) -> None:
+        """Start profiling CPU ops, and CUDA kernels when CUDA is available."""
+        try:
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+
+            if _profiler_active(torch):
+                raise RuntimeError("another profiler is already running (the script's own?)")
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(ProfilerActivity.CUDA)
+                self._device = "cuda"
+            prof = profile(activities=activities, record_shapes=True, profile_memory=True, with_stack=False)
+            prof.start()
+            self._prof = prof
+        except Exception as exc:
+            self._error = f"profiler did not start: {type(exc).__name__}: {exc}"
+
+    def on_step(self) -> bool:
+        """Count one finished optimizer step; True when the window is complete (or failed)."""
+        self._done += 1
+        return self._done >= self.steps or self._prof is None
+
+    def stop(self) -> None:
+        """Stop recording; call on the training thread at the step boundary (~0.2 s here).
+
+        Building the summary is the slow part (about 1 s for five small AdamW steps on
+        this 2-core box), so callers that can should ``stop()`` here and ``report()``
+        from another thread.
+        """
+        prof, self._prof = self._prof, None
+        if prof is None:
+            self._error = self._error or "profiler was not started"
+            return
+        try:
+            prof.stop()
+            self._stopped = prof
+        except Exception as exc:
+            self._error = f"profiler did not stop: {type(exc).__name__}: {exc}"
+
+    def report(self) -> dict[str, Any]:
+        """Write ``profile-step{A}-{B}.json`` and return the JSON-ready summary; any thread.
+
+        Keys: ``steps`` ([A, B], inclusive), ``trace`` (path or None), ``device``
+        ("cpu"/"cuda"), ``top`` (see ``summarize``), and ``error`` only on failure.
+        """
+        last = self.step_index + max(self._done, 1) - 1
+        summary: dict[str, Any] = {"steps": [self.step_index, last], "trace": None, "device": self._device, "top": []}
+        prof, self._stopped = self._stopped, None  # the recorded events can be large: let them go
+        if prof is None:
+            summary["error"] = self._error or "nothing to report: stop() was not called, or report() was"
+            return summary
+        try:
+            path = self.out_dir / f"profile-step{self.step_index}-{last}.json"
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(path))
+            summary["trace"] = str(path)
+            summary["top"] = summarize(prof.key_averages(), self._device)
+        except Exception as exc:
+            summary["error"] = f"{type(exc).__name__}: {exc}"
+        return summary
+
+    def finish(self) -> dict[str, Any]:
+        """``stop()`` then ``report()``: the whole close on the calling (training) thread."""
+        self.stop()
+        return self.report()
