@@ -260,7 +260,8 @@ class Hooks:
     # ---------------------------------------------------------------- step hooks
 
     def _is_main(self, opt) -> bool:
-        if self.main is None:
+        if self.main is None or self.main() is None:
+            # The first optimizer that steps is the main one (or the next, once it is gone).
             self.main = weakref.ref(opt)
             if not any(r() is opt for r in self.optimizers):
                 self.optimizers.append(weakref.ref(opt))
@@ -357,7 +358,11 @@ class Hooks:
         elif self._losses:
             losses = self._losses if self._closure_loss_index is None else self._losses[:self._closure_loss_index]
             if losses:
-                device["loss"] = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+                # A left fold, as a script summing its micro-batch losses would.
+                total = losses[0]
+                for loss in losses[1:]:
+                    total = total + loss
+                device["loss"] = total
                 host["loss/micro_batches"] = float(len(losses))
         if self._norms is not None:
             per_tensor, total = self._norms

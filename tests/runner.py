@@ -1,0 +1,94 @@
+"""Helpers for integration tests: run real scripts through the real `ptdash` CLI and talk
+to the engine over its real socket."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from ptdash import rundir
+from ptdash.protocol import Ack, Command
+from ptdash.store import STORE_NAME, StoreReader
+from ptdash.transport import Client
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REPO = Path(__file__).parent.parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def ptdash(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the ptdash command to completion."""
+    return subprocess.run([sys.executable, "-m", "ptdash.tui.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=env or ENV, stdin=subprocess.DEVNULL)
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Run:
+    """A run started with `ptdash --headless` in the background."""
+
+    def __init__(self, tmp_path: Path, script: str | Path, *args: str, options: tuple = ()) -> None:
+        self.run_dir = tmp_path / "run"
+        self.out = open(tmp_path / "cli.out", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ptdash.tui.cli", "--headless", "--run-dir", str(self.run_dir), *options,
+             str(script), *args],
+            cwd=tmp_path, stdout=self.out, stderr=subprocess.STDOUT, env=ENV, stdin=subprocess.DEVNULL)
+        wait_for(lambda: (self.run_dir / "run.json").exists() and self.info().get("status") == "running"
+                 or self.proc.poll() is not None, 60, what="the engine to start")
+        self.client = Client(self.info()["socket"], rundir.read_token(self.run_dir), name="test")
+        self.client.connect()
+
+    def info(self) -> dict:
+        return rundir.read_info(self.run_dir)
+
+    def send(self, name: str, value=None, timeout: float = 60) -> Ack:
+        """Send a command and return its Ack."""
+        cmd = Command(id=uuid.uuid4().hex[:8], name=name, value=value)
+        self.client.send(cmd)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.client.recv(timeout=1)
+            if isinstance(msg, Ack) and msg.id == cmd.id:
+                return msg
+        raise AssertionError(f"no ack for {name}")
+
+    def store(self) -> StoreReader:
+        return StoreReader(self.run_dir / STORE_NAME)
+
+    def last_step(self) -> int:
+        with self.store() as s:
+            return s.last_step() or 0
+
+    def series(self, name: str) -> tuple[list[int], list]:
+        with self.store() as s:
+            return s.series(name)
+
+    def wait_step(self, n: int, timeout: float = 60) -> int:
+        return wait_for(lambda: self.last_step() >= n and self.last_step(), timeout, what=f"step {n}")
+
+    def wait(self, timeout: float = 60) -> int:
+        code = self.proc.wait(timeout)
+        self.close()
+        return code
+
+    def output(self) -> str:
+        return (self.run_dir / "output.log").read_text()
+
+    def close(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.out.close()

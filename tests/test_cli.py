@@ -1,0 +1,123 @@
+"""The ptdash command end to end, headless: real subprocesses, real store."""
+
+from __future__ import annotations
+
+import json
+
+from ptdash.store import StoreReader
+
+from runner import REPO, SCRIPTS, ptdash
+
+
+def test_basic_example_records_every_step_bit_identical(tmp_path):
+    loss_file = tmp_path / "losses.txt"
+    result = ptdash("--headless", "--run-dir", "run", str(REPO / "examples" / "basic.py"),
+                    "--steps", "120", "--loss-file", str(loss_file), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = [float(line) for line in loss_file.read_text().split()]
+    assert len(expected) == 120
+    with StoreReader(tmp_path / "run" / "metrics.db") as store:
+        steps, losses = store.series("loss")
+        assert steps == list(range(1, 121))
+        assert losses == expected  # bit-identical: the same float32 values, no rounding
+        for name in ("opt/lr/group0", "grad/norm_total", "time/step_s"):
+            s, v = store.series(name)
+            assert s == steps, name
+            assert all(x is not None and x >= 0 for x in v), name
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["status"] == "finished" and info["exit_code"] == 0
+    assert info["argv"][0].endswith("basic.py") and info["torch_version"]
+    assert "finished with exit code 0" in result.stdout
+
+
+def test_script_sees_python_like_argv_path_and_cwd(tmp_path):
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "helper.py").write_text("VALUE = 42\n")
+    (project / "show.py").write_text(
+        "import os, sys\nfrom helper import VALUE\n"
+        "print('ARGV', sys.argv)\nprint('NAME', __name__)\nprint('CWD', os.getcwd())\nprint('VALUE', VALUE)\n")
+    result = ptdash("--headless", "proj/show.py", "--lr", "0.1", "--name=x y", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "ARGV ['proj/show.py', '--lr', '0.1', '--name=x y']" in result.stdout
+    assert "NAME __main__" in result.stdout
+    assert f"CWD {tmp_path}" in result.stdout
+    assert "VALUE 42" in result.stdout
+
+
+def test_module_mode(tmp_path):
+    (tmp_path / "pkgmod.py").write_text("import sys\nprint('MOD', __name__, sys.argv[1:])\n")
+    result = ptdash("--headless", "-m", "pkgmod", "a", "b", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "MOD __main__ ['a', 'b']" in result.stdout
+
+
+def test_exit_code_passthrough(tmp_path):
+    (tmp_path / "three.py").write_text("import sys\nprint('bye')\nsys.exit(3)\n")
+    result = ptdash("--headless", "--run-dir", "run", "three.py", cwd=tmp_path)
+    assert result.returncode == 3
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["exit_code"] == 3 and info["status"] == "crashed"
+
+
+def test_crash_is_recorded_with_traceback(tmp_path):
+    (tmp_path / "boom.py").write_text("def f():\n    raise RuntimeError('kaboom')\nf()\n")
+    result = ptdash("--headless", "--run-dir", "run", "boom.py", cwd=tmp_path)
+    assert result.returncode == 1
+    log = (tmp_path / "run" / "output.log").read_text()
+    assert "RuntimeError: kaboom" in log and 'File "boom.py", line 2, in f' in log
+    assert "bootstrap.py" not in log  # the traceback is the script's, as python prints it
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["status"] == "crashed"
+
+
+def _one_line_error(result, code, *needles):
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ptdash: error: ")
+    for needle in needles:
+        assert needle in lines[0]
+    assert not (result.stdout.strip())
+
+
+def test_missing_script_is_one_line(tmp_path):
+    _one_line_error(ptdash("nope.py", cwd=tmp_path), 2, "nope.py", "no such file")
+    assert not (tmp_path / "ptdash-runs").exists()  # nothing created for a bad command
+
+
+def test_syntax_error_is_one_line(tmp_path):
+    (tmp_path / "bad.py").write_text("x = 1\ndef f(:\n")
+    _one_line_error(ptdash("bad.py", cwd=tmp_path), 1, "bad.py", "line 2")
+
+
+def test_unknown_option_is_one_line(tmp_path):
+    _one_line_error(ptdash("--frobnicate", "x.py", cwd=tmp_path), 2, "--frobnicate")
+
+
+def test_bad_option_values_are_refused(tmp_path):
+    (tmp_path / "ok.py").write_text("pass\n")
+    _one_line_error(ptdash("--clip", "-1", "ok.py", cwd=tmp_path), 2, "clip norm")
+    _one_line_error(ptdash("--clip", "nan", "ok.py", cwd=tmp_path), 2, "clip norm")
+    _one_line_error(ptdash("--resume", "missing.pt", "ok.py", cwd=tmp_path), 2, "missing.pt")
+
+
+def test_version_and_help(tmp_path):
+    result = ptdash("--version", cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.startswith("ptdash ")
+    result = ptdash("--help", cwd=tmp_path)
+    assert result.returncode == 0 and "script.py" in result.stdout and "--headless" in result.stdout
+
+
+def test_closure_optimizer_and_grad_accumulation(tmp_path):
+    result = ptdash("--headless", "--run-dir", "run", str(SCRIPTS / "closure_accum.py"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = json.loads((tmp_path / "expected.json").read_text())
+    with StoreReader(tmp_path / "run" / "metrics.db") as store:
+        steps, losses = store.series("loss")
+        _, micro = store.series("loss/micro_batches")
+    # 10 accumulation steps (4 micro-batches each) with AdamW, then 5 LBFGS steps.
+    assert steps == list(range(1, 16))
+    assert losses[:10] == expected["accum"]
+    assert micro[:10] == [4.0] * 10
+    assert losses[10:] == expected["lbfgs"]
