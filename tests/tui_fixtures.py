@@ -1,0 +1,164 @@
+"""Fixtures for the dashboard tests: a realistic recorded run, and a real in-process server.
+
+``make_run`` writes a run dir the way the engine would (run.json, token, metrics.db via
+StoreWriter, events, output.log) holding a demo-like run: loss decaying with noise, a
+OneCycle LR over two param groups, grad norms under a clip line. ``FakeEngine`` serves
+that run's control socket with the real ``transport.Server``: it records the commands
+it receives and answers them with Ack and Status as the engine would.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from ptdash import rundir
+from ptdash.protocol import Ack, Command, Event, Metrics, Status, Welcome
+from ptdash.store import STORE_NAME, StoreWriter
+from ptdash.transport import Server
+
+TOTAL_STEPS = 2000
+CLIP = 1.0
+
+
+def onecycle_lr(step: int, total: int = TOTAL_STEPS, peak: float = 3e-3) -> float:
+    """OneCycle-like: linear warm-up over 10%, cosine down to peak/1000."""
+    warm = total // 10
+    if step < warm:
+        return peak * (0.04 + 0.96 * step / warm)
+    t = (step - warm) / max(1, total - warm)
+    return peak / 1000 + (peak - peak / 1000) * (1 + math.cos(math.pi * t)) / 2
+
+
+def demo_row(step: int, rng: random.Random, wall: float) -> list:
+    """One optimizer step of the demo run: ``[step, wall, {name: value}]``."""
+    loss = 2.3 * math.exp(-step / 180) + 0.12 + rng.gauss(0, 0.04) * (1 + math.exp(-step / 180))
+    norm = 0.4 + 2.5 * math.exp(-step / 120) + abs(rng.gauss(0, 0.15))
+    if step == 321:
+        norm = 7.5  # one spike the charts must keep
+    lr = onecycle_lr(step)
+    step_s = 0.05 + abs(rng.gauss(0, 0.004))
+    return [step, wall, {
+        "loss": max(0.01, loss),
+        "loss/micro_batches": 1.0,
+        "opt/lr/group0": lr,
+        "opt/lr/group1": lr / 10,
+        "grad/norm_total": norm,
+        "grad/clip_max": CLIP,
+        "grad/clipped": 1.0 if norm > CLIP else 0.0,
+        "time/step_s": step_s,
+        "throughput/samples_per_s": 64 / step_s,
+        "host/cpu_pct": 50.0 + rng.random() * 10,
+        "host/rss_bytes": 1.2e9,
+    }]
+
+
+def make_run(root: Path, steps: int = 500, status: str = "running", name: str = "demo",
+             exit_code: int | None = None, seed: int = 0) -> Path:
+    """A run dir holding ``steps`` recorded steps of the demo run, in state ``status``."""
+    run_dir = rundir.create(Path(root), name, {"argv": ["demo.py", "--lr", "3e-3"]})
+    rng = random.Random(seed)
+    start = time.time() - steps * 0.05 - 5
+    rows = [demo_row(s, rng, start + 2 + s * 0.05) for s in range(1, steps + 1)]
+    writer = StoreWriter(run_dir / STORE_NAME)
+    writer.set_meta(config={"script": "demo.py"})
+    for i in range(0, len(rows), 100):
+        writer.write(rows=rows[i:i + 100])
+    writer.write(events=[
+        (start + 1, 0, "run", "started", {}),
+        (start + 2 + 100 * 0.05, 100, "checkpoint", "saved checkpoints/step-100.pt", {"path": "checkpoints/step-100.pt"}),
+        (start + 2 + 321 * 0.05, 321, "anomaly", "grad norm spike 7.5 (12x median)", {}),
+    ])
+    writer.close()
+    log = [f"epoch 0 step {s} loss {r[2]['loss']:.4f}" for s, r in zip(range(1, steps + 1), rows) if s % 50 == 0]
+    (run_dir / "output.log").write_text("loading data...\n" + "\n".join(log) + "\n")
+    changes = dict(status=status, pid=None, started=start, step=steps, total_steps=TOTAL_STEPS)
+    if exit_code is not None:
+        changes.update(exit_code=exit_code, ended=start + 2 + steps * 0.05)
+    rundir.update_info(run_dir, **changes)
+    return run_dir
+
+
+class FakeEngine:
+    """The engine's side of the control socket, backed by the real ``transport.Server``.
+
+    Commands are applied at once at the current step: pause/resume/clip/lr_scale change
+    the published Status; a clip of a negative value (which the dashboard must never
+    send) is refused like the real engine does.
+    """
+
+    def __init__(self, run_dir: Path, step: int = 500) -> None:
+        self.run_dir = Path(run_dir)
+        info = rundir.read_info(run_dir)
+        self.commands: list[Command] = []
+        self.status = Status(state="running", step=step, total_steps=TOTAL_STEPS)
+        self._lock = threading.Lock()
+        self._rng = random.Random(1)
+        welcome = Welcome(run_id=info["id"], run_dir=str(run_dir), pid=0)
+        self.server = Server(Path(info["socket"]), rundir.read_token(run_dir), welcome,
+                             on_command=self._on_command, on_connect=lambda: [self.status])
+
+    def __enter__(self) -> FakeEngine:
+        self.server.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.server.stop()
+
+    def wait_for_client(self, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.server.client_count == 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no dashboard connected")
+            time.sleep(0.02)
+
+    def names(self) -> list[tuple[str, float | None]]:
+        with self._lock:
+            return [(c.name, c.value) for c in self.commands]
+
+    def set_status(self, **changes) -> None:
+        with self._lock:
+            self.status = replace(self.status, **changes)
+        self.server.publish(self.status)
+
+    def step(self, n: int = 1) -> None:
+        """Publish ``n`` more steps as live metrics."""
+        rows = []
+        for _ in range(n):
+            s = self.status.step + 1
+            rows.append(demo_row(s, self._rng, time.time()))
+            self.status = replace(self.status, step=s)
+        self.server.publish(Metrics(rows=rows))
+        self.server.publish(self.status)
+
+    def _on_command(self, cmd: Command) -> None:
+        with self._lock:
+            self.commands.append(cmd)
+            step = self.status.step
+            changes: dict = {}
+            ok, message = True, ""
+            if cmd.name == "pause":
+                changes = dict(state="paused", paused_at=step)
+            elif cmd.name == "resume":
+                changes = dict(state="running", paused_at=None)
+            elif cmd.name == "clip":
+                if cmd.value is not None and cmd.value <= 0:
+                    ok, message = False, "clip norm must be > 0"
+                else:
+                    changes = dict(clip=cmd.value)
+            elif cmd.name == "lr_scale":
+                changes = dict(lr_scale=cmd.value)
+            elif cmd.name == "stop":
+                changes = dict(state="stopping")
+            if changes:
+                self.status = replace(self.status, **changes)
+            status = self.status
+        self.server.publish(Ack(id=cmd.id, name=cmd.name, ok=ok, step=step, message=message))
+        if ok:
+            self.server.publish(Event(kind="command", step=step, wall=time.time(),
+                                      message=f"{cmd.name} applied", data={"id": cmd.id}))
+        self.server.publish(status)

@@ -1,0 +1,282 @@
+"""The dashboard app: routes the source's deliveries into RunState, keys into commands.
+
+Build it with ``make_app(source)``; the CLI, tests and the screenshot script all do.
+``app.run()`` returns what the user chose:
+
+- ``"detach"``: leave the run training in the background,
+- ``"stop"``: stop training (the stop command has been sent),
+- ``"closed"``: the run had ended, or the source was read-only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.widgets import Footer, TabbedContent, TabPane
+
+from ptdash.protocol import ENDED, Ack, Command, Event, Metrics, Status
+
+from .messages import SourceUpdate
+from .source import Backfill, Connection, History, LogLines, Source, new_command_id
+from .state import EventLine, RunState, command_text, fmt_si
+from .widgets.events_pane import EventsPane
+from .widgets.header import RunHeader
+from .widgets.help_screen import HelpScreen
+from .widgets.log_pane import LogPane
+from .widgets.overview import Overview
+from .widgets.quit_dialog import QuitDialog
+from .widgets.stop_dialog import StopDialog
+from .widgets.value_dialog import ValueDialog
+
+CONTROL_ACTIONS = frozenset({"pause", "resume", "checkpoint", "clip", "lr_factor", "profile", "stop"})
+"""Actions that send a command, and so need a live, connected engine."""
+
+HISTORY_EVENTS = 200
+"""Newest stored events shown in the events pane on attach."""
+
+
+class DashboardApp(App[str]):
+    """Live dashboard of one run. Use ``make_app`` to build it."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "ptdash"
+    ENABLE_COMMAND_PALETTE = False
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+
+    BINDINGS = [
+        Binding("space", "pause", "Pause", id="pause"),
+        Binding("space", "resume", "Resume", id="resume"),
+        Binding("c", "checkpoint", "Checkpoint", id="checkpoint"),
+        Binding("g", "clip", "Clip", id="clip"),
+        Binding("l", "lr_factor", "LR factor", id="lr_factor"),
+        Binding("p", "profile", "Profile", id="profile"),
+        Binding("s", "stop", "Stop", id="stop"),
+        Binding("q", "quit", "Quit", id="quit"),
+        Binding("question_mark", "help", "Help", key_display="?", id="help"),
+    ]
+
+    def __init__(self, source: Source, *, redraw_hz: float = 4.0, profile_steps: int = 5) -> None:
+        super().__init__()
+        self.source = source
+        self.redraw_hz = redraw_hz
+        self.profile_steps = profile_steps
+        self.state = RunState(info=dict(source.info))
+        self._inbox: deque[object] = deque()
+        self._sent: dict[str, str] = {}
+        self._last_redraw = 0.0
+        self._redraw_timer = None
+
+    def compose(self) -> ComposeResult:
+        yield RunHeader(id="header")
+        with TabbedContent(id="tabs"):
+            with TabPane("Overview", id="overview"):
+                yield Overview(id="overview-view")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(RunHeader).run_name = self.source.name
+        self.source.start(self._deliver)
+
+    def on_unmount(self) -> None:
+        self.source.close()
+
+    # ------------------------------------------------------------- source -> state
+
+    def _deliver(self, obj: object) -> None:
+        """Called on the source's thread: queue, and wake the app (coalesced)."""
+        self._inbox.append(obj)
+        self.post_message(SourceUpdate())
+
+    def on_source_update(self, _: SourceUpdate) -> None:
+        new_events: list[EventLine] = []
+        log_lines: list[str] = []
+        controls_changed = False
+        while self._inbox:
+            obj = self._inbox.popleft()
+            if isinstance(obj, Metrics):
+                self.state.add_metrics(obj)
+            elif isinstance(obj, Status):
+                controls_changed |= self._apply_status(obj, new_events)
+            elif isinstance(obj, Ack):
+                new_events.append(self._apply_ack(obj))
+            elif isinstance(obj, Event):
+                line = self.state.add_event(obj)
+                if line is not None:
+                    new_events.append(line)
+            elif isinstance(obj, LogLines):
+                log_lines += obj.lines
+            elif isinstance(obj, History):
+                controls_changed |= self._apply_history(obj, new_events)
+            elif isinstance(obj, Backfill):
+                for name, (steps, values) in obj.series.items():
+                    self.state.get(name).merge(steps, values)
+                self.state.add_walls(*obj.walls)
+            elif isinstance(obj, Connection):
+                self.state.connected = obj.connected
+                self.state.connection_note = obj.note
+                controls_changed = True
+        if log_lines:
+            self.query_one(LogPane).add_lines(log_lines)
+        if new_events:
+            self.query_one(EventsPane).add(new_events)
+        if controls_changed:
+            self.refresh_bindings()
+        self._schedule_redraw()
+
+    def _apply_history(self, history: History, new_events: list[EventLine]) -> bool:
+        state = self.state
+        if history.info:
+            state.info = history.info
+        for name, (steps, values) in history.series.items():
+            state.get(name).extend(steps, values)
+        state.add_walls(*history.walls)
+        for event in history.events[-HISTORY_EVENTS:]:
+            line = state.add_event(event)
+            if line is not None:
+                new_events.append(line)
+        return history.status is not None and self._apply_status(history.status, new_events)
+
+    def _apply_status(self, status: Status, new_events: list[EventLine]) -> bool:
+        """Take a new status; True when the state changed (so the keys may change)."""
+        old = self.state.status
+        if old is not None and old.state in ENDED and status.state not in ENDED:
+            return False  # a stale file read must not bring an ended run back to life
+        self.state.status = status
+        if old is not None and old.state == status.state:
+            return False
+        if status.state == "crashed":
+            last = status.detail.strip().splitlines()[-1] if status.detail.strip() else "see the output pane"
+            line = EventLine(time.time(), status.step, f"run crashed: {last}", "error")
+            self.state.events.append(line)
+            new_events.append(line)
+            self.notify(last, title="Run crashed", severity="error", timeout=10)
+        return True
+
+    def _apply_ack(self, ack: Ack) -> EventLine:
+        text = self._sent.pop(ack.id, None) or command_text(ack.name, None)
+        line = self.state.add_ack(ack, text)
+        if ack.ok and ack.message:
+            line.text += f" ({ack.message})"
+        if not ack.ok:
+            self.notify(line.text, severity="error")
+        return line
+
+    def _schedule_redraw(self) -> None:
+        """Redraw at most ``redraw_hz`` times a second, and only when something arrived."""
+        if self._redraw_timer is not None:
+            return
+        delay = max(0.01, self._last_redraw + 1.0 / self.redraw_hz - time.monotonic())
+        self._redraw_timer = self.set_timer(delay, self._redraw)
+
+    def _redraw(self) -> None:
+        self._redraw_timer = None
+        self._last_redraw = time.monotonic()
+        state = self.state
+        header = self.query_one(RunHeader)
+        header.status = state.status
+        header.steps_per_s = state.rate.rate()
+        header.started = state.info.get("started") or state.info.get("created") or state.first_wall
+        header.ended = state.info.get("ended") or state.last_wall
+        header.connection = state.connection_note
+        self.query_one(Overview).refresh_charts(state)
+
+    # ------------------------------------------------------------------- commands
+
+    @property
+    def run_ended(self) -> bool:
+        return self.state.ended
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Hide control keys on a read-only or ended run; grey them out while not connected."""
+        if action not in CONTROL_ACTIONS:
+            return True
+        if not self.source.live or self.run_ended:
+            return False
+        state = self.state.status.state if self.state.status is not None else "starting"
+        paused = state in ("paused", "pausing")
+        if (action == "pause" and paused) or (action == "resume" and not paused):
+            return False
+        if not self.source.can_control or state == "stopping":
+            return None
+        return True
+
+    def send(self, name: str, value: float | None = None) -> None:
+        """Send a command and note it in the events pane; its ack will follow there."""
+        command = Command(id=new_command_id(), name=name, value=value)
+        text = command_text(name, value)
+        self._sent[command.id] = text
+        self.source.send(command)
+        line = EventLine(time.time(), None, f"{text} sent", "dim")
+        self.state.events.append(line)
+        self.query_one(EventsPane).add([line])
+
+    def action_pause(self) -> None:
+        self.send("pause")
+
+    def action_resume(self) -> None:
+        self.send("resume")
+
+    def action_checkpoint(self) -> None:
+        self.send("checkpoint")
+
+    def action_profile(self) -> None:
+        self.send("profile", self.profile_steps)
+
+    def action_clip(self) -> None:
+        status = self.state.status
+        current = fmt_si(status.clip, 4) if status is not None and status.clip is not None else ""
+        dialog = ValueDialog(
+            "Gradient clip norm", "clip norm",
+            "Largest total grad norm from the next step on; \"off\" gives clipping back to the script.",
+            allow_off=True, current=current)
+        self.push_screen(dialog, lambda v: v is not None and self.send("clip", None if v == "off" else v))
+
+    def action_lr_factor(self) -> None:
+        status = self.state.status
+        current = f"{status.lr_scale:g}" if status is not None else "1"
+        dialog = ValueDialog(
+            "LR factor", "LR factor",
+            "Multiplies every param group's scheduled LR from the next step (1 = as scheduled).",
+            current=current)
+        self.push_screen(dialog, lambda v: v is not None and self.send("lr_scale", v))
+
+    def action_stop(self) -> None:
+        self.push_screen(StopDialog(), lambda choice: choice is not None and self.send(choice))
+
+    async def action_quit(self) -> None:
+        if not self.source.live or self.run_ended:
+            self.exit("closed")
+        elif not self.source.can_control:
+            self.exit("detach")  # not reachable now, so it cannot be stopped from here
+        else:
+            self.push_screen(QuitDialog(), self._quit_chosen)
+
+    def _quit_chosen(self, choice: str | None) -> None:
+        if choice == "stop":
+            self.send("stop")
+            self.exit("stop")
+        elif choice == "detach":
+            self.exit("detach")
+
+    def action_help(self) -> None:
+        rows, seen = [], set()
+        for binding in self.BINDINGS:
+            key = binding.key_display or binding.key
+            enabled = self.check_action(binding.action, ()) is True
+            if (key, binding.action) in seen:
+                continue
+            seen.add((key, binding.action))
+            rows.append((key, binding.description, enabled))
+        self.push_screen(HelpScreen(rows))
+
+
+def make_app(source: Source, **options) -> DashboardApp:
+    """The dashboard for ``source`` (LiveSource or ReplaySource).
+
+    Options: ``redraw_hz`` (chart redraws per second, default 4), ``profile_steps``
+    (steps the ``p`` key profiles, default 5).
+    """
+    return DashboardApp(source, **options)

@@ -1,0 +1,369 @@
+"""Pure dashboard state: series buffers, decimation, smoothing, rates and formatting.
+
+Nothing here imports Textual or torch, so every function is tested on plain lists.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ptdash.protocol import ENDED, Ack, Event, Metrics, Status
+
+SERIES_CAP = 8000
+"""Points a series buffer holds before it decimates itself to half of that."""
+
+
+# ------------------------------------------------------------------------- decimation
+
+
+def decimate(steps: list[int], values: list[float | None], n: int) -> tuple[list[int], list[float | None]]:
+    """At most ``n`` points of a series, keeping each bucket's minimum and maximum.
+
+    Buckets are equal runs of points; each contributes its min and max (in step order),
+    so a one-step spike survives any amount of decimation. The first and last points
+    are always kept, so the x range does not shrink. None values (non-finite) are
+    skipped inside a bucket; a bucket of only None keeps one None, so the gap stays
+    visible.
+    """
+    count = len(steps)
+    if count <= n:
+        return list(steps), list(values)
+    if n < 4:
+        return [steps[0], steps[-1]], [values[0], values[-1]]
+    buckets = (n - 2) // 2
+    out_s, out_v = [steps[0]], [values[0]]
+    inner = count - 2
+    for b in range(buckets):
+        lo = 1 + b * inner // buckets
+        hi = 1 + (b + 1) * inner // buckets
+        i_min = i_max = -1
+        for i in range(lo, hi):
+            v = values[i]
+            if v is None:
+                continue
+            if i_min < 0 or v < values[i_min]:
+                i_min = i
+            if i_max < 0 or v > values[i_max]:
+                i_max = i
+        if i_min < 0:
+            if hi > lo:
+                out_s.append(steps[lo])
+                out_v.append(None)
+            continue
+        for i in sorted({i_min, i_max}):
+            out_s.append(steps[i])
+            out_v.append(values[i])
+    out_s.append(steps[-1])
+    out_v.append(values[-1])
+    return out_s, out_v
+
+
+def ema(values: list[float | None], alpha: float, steps: list[int] | None = None) -> list[float | None]:
+    """Exponential moving average; ``alpha`` is the weight of each new value (0 < alpha <= 1).
+
+    None values stay None in the output and leave the average untouched, so one NaN loss
+    does not poison the smoothed line. With ``steps``, a point that stands for a gap of
+    ``k`` steps (a decimated history) is weighted as ``k`` steps would be:
+    ``1 - (1 - alpha) ** k``.
+    """
+    if not 0 < alpha <= 1:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+    out: list[float | None] = []
+    avg: float | None = None
+    prev_step: int | None = None
+    keep = 1.0 - alpha
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(None)
+            continue
+        if avg is None:
+            avg = v
+        else:
+            a = alpha
+            if steps is not None and prev_step is not None:
+                gap = steps[i] - prev_step
+                a = 1.0 - keep ** gap if gap > 1 else alpha
+            avg = avg + a * (v - avg)
+        if steps is not None:
+            prev_step = steps[i]
+        out.append(avg)
+    return out
+
+
+# ---------------------------------------------------------------------------- buffers
+
+
+class Series:
+    """One metric's points in step order: append-only, decimating itself when it grows.
+
+    Live rows are appended at full resolution; when the buffer passes ``cap`` points the
+    whole of it is decimated to ``cap // 2`` (min/max per bucket), so memory and drawing
+    cost stay bounded on a run of a million steps while spikes survive.
+    """
+
+    def __init__(self, cap: int = SERIES_CAP) -> None:
+        self.cap = cap
+        self.steps: list[int] = []
+        self.values: list[float | None] = []
+        self.version = 0
+        """Bumped on every change, so a chart redraws only when its data moved."""
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def last_step(self) -> int | None:
+        return self.steps[-1] if self.steps else None
+
+    def latest(self) -> float | None:
+        """The newest value (None when empty or non-finite)."""
+        return self.values[-1] if self.values else None
+
+    def extend(self, steps: list[int], values: list[float | None]) -> None:
+        """Append points newer than the last one; older ones are ignored."""
+        last = self.last_step
+        for s, v in zip(steps, values):
+            if last is None or s > last:
+                self.steps.append(s)
+                self.values.append(v)
+                last = s
+        self._settle()
+
+    def append(self, step: int, value: float | None) -> None:
+        if not self.steps or step > self.steps[-1]:
+            self.steps.append(step)
+            self.values.append(value)
+            self._settle()
+
+    def merge(self, steps: list[int], values: list[float | None]) -> None:
+        """Insert points anywhere (a gap read back from the store); existing steps win."""
+        for s, v in zip(steps, values):
+            i = bisect.bisect_left(self.steps, s)
+            if i < len(self.steps) and self.steps[i] == s:
+                continue
+            self.steps.insert(i, s)
+            self.values.insert(i, v)
+        self._settle()
+
+    def _settle(self) -> None:
+        if len(self.steps) > self.cap:
+            self.steps, self.values = decimate(self.steps, self.values, self.cap // 2)
+        self.version += 1
+
+
+class StepRate:
+    """Steps per second from the wall times of recent steps."""
+
+    def __init__(self, window_s: float = 30.0, max_points: int = 256) -> None:
+        self.window_s = window_s
+        self._points: deque[tuple[int, float]] = deque(maxlen=max_points)
+
+    def add(self, step: int, wall: float) -> None:
+        if not self._points or step > self._points[-1][0]:
+            self._points.append((step, wall))
+
+    def rate(self) -> float | None:
+        """Steps per second over the last ``window_s`` seconds of steps, None when unknown."""
+        if len(self._points) < 2:
+            return None
+        last_step, last_wall = self._points[-1]
+        first_step, first_wall = self._points[0]
+        for s, w in self._points:
+            if w >= last_wall - self.window_s:
+                first_step, first_wall = s, w
+                break
+        if last_step == first_step:
+            first_step, first_wall = self._points[-2]
+        span = last_wall - first_wall
+        return (last_step - first_step) / span if span > 0 else None
+
+    @property
+    def last_wall(self) -> float | None:
+        return self._points[-1][1] if self._points else None
+
+    @property
+    def first_wall(self) -> float | None:
+        return self._points[0][1] if self._points else None
+
+
+# -------------------------------------------------------------------------- run state
+
+
+@dataclass
+class EventLine:
+    """One line of the events pane: when, at which step, what, and how loud."""
+
+    wall: float
+    step: int | None
+    text: str
+    level: str = "info"
+    """``info``, ``ok``, ``warning``, ``error`` or ``dim``."""
+
+
+@dataclass
+class RunState:
+    """Everything the dashboard shows, folded from the source's deliveries.
+
+    The app owns one; widgets receive what they need of it as attributes.
+    """
+
+    info: dict = field(default_factory=dict)
+    series: dict[str, Series] = field(default_factory=dict)
+    status: Status | None = None
+    rate: StepRate = field(default_factory=StepRate)
+    events: list[EventLine] = field(default_factory=list)
+    connected: bool = False
+    connection_note: str = "connecting…"
+    first_wall: float | None = None
+    last_wall: float | None = None
+    seen_commands: set[str] = field(default_factory=set)
+
+    @property
+    def ended(self) -> bool:
+        return self.status is not None and self.status.state in ENDED
+
+    @property
+    def step(self) -> int | None:
+        if self.status is not None:
+            return self.status.step
+        loss = self.series.get("loss")
+        return loss.last_step if loss else None
+
+    def get(self, name: str) -> Series:
+        """The series called ``name``, created empty when new."""
+        series = self.series.get(name)
+        if series is None:
+            series = self.series[name] = Series()
+        return series
+
+    def add_walls(self, steps: list[int], walls: list[float]) -> None:
+        for s, w in zip(steps, walls):
+            self.rate.add(s, w)
+        if walls:
+            self.first_wall = walls[0] if self.first_wall is None else min(self.first_wall, walls[0])
+            self.last_wall = walls[-1] if self.last_wall is None else max(self.last_wall, walls[-1])
+
+    def add_metrics(self, msg: Metrics) -> None:
+        """Fold one live batch in (rank 0 only for now: the charts are per run)."""
+        if msg.rank != 0:
+            return
+        columns: dict[str, tuple[list[int], list[float | None]]] = {}
+        steps, walls = [], []
+        for step, wall, values in msg.rows:
+            steps.append(step)
+            walls.append(wall)
+            for name, value in values.items():
+                col = columns.setdefault(name, ([], []))
+                col[0].append(step)
+                col[1].append(value)
+        for name, (s, v) in columns.items():
+            self.get(name).extend(s, v)
+        self.add_walls(steps, walls)
+
+    def add_ack(self, ack: Ack, command_text: str) -> EventLine:
+        """Record an ack; ``command_text`` says what the command was ("clip 0.5")."""
+        self.seen_commands.add(ack.id)
+        if ack.ok:
+            where = f"step {ack.step} " if ack.step is not None else ""
+            line = EventLine(time.time(), ack.step, f"{where}{command_text} applied", "ok")
+        else:
+            line = EventLine(time.time(), ack.step, f"{command_text} refused: {ack.message}", "error")
+        self.events.append(line)
+        return line
+
+    def add_event(self, event: Event | dict) -> EventLine | None:
+        """Record an engine event; a command event already shown by its ack is skipped."""
+        get = event.get if isinstance(event, dict) else lambda k, d=None: getattr(event, k, d)
+        data = get("data") or {}
+        kind, message = get("kind"), get("message")
+        command_id = data.get("id") if isinstance(data, dict) else None
+        if kind == "command" and command_id is not None:
+            if command_id in self.seen_commands:
+                return None
+            self.seen_commands.add(command_id)
+        level = {"anomaly": "error", "warning": "warning", "checkpoint": "ok"}.get(kind, "info")
+        if kind == "command" and isinstance(data, dict) and data.get("ok") is False:
+            level = "error"
+        step = get("step")
+        where = f"step {step} " if step is not None else ""
+        line = EventLine(get("wall") or time.time(), step, f"{where}{kind}: {message}", level)
+        self.events.append(line)
+        return line
+
+
+# ------------------------------------------------------------------------- formatting
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``45s``, ``3m05s``, ``1h02m``, ``2d03h``; an em dash when unknown."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "—"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def fmt_si(value: float | None, digits: int = 3) -> str:
+    """A compact number: ``950``, ``12.3k``, ``1.23M``, ``0.0123``, ``3e-4``; N/A for None.
+
+    Large magnitudes get SI prefixes; small ones (below 0.01) a short exponent, which is
+    how learning rates are usually written.
+    """
+    if value is None:
+        return "N/A"
+    if not math.isfinite(value):
+        return str(value)
+    mag = abs(value)
+    for scale, prefix in _SI:
+        if mag >= scale * 0.9995:
+            return f"{value / scale:.{digits}g}{prefix}"
+    if mag == 0 or mag >= 0.01:
+        return f"{value:.{digits}g}"
+    mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``512 B``, ``1.5 KiB``, ``3.2 GiB``; N/A for None."""
+    if n is None:
+        return "N/A"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def eta(steps_done: int | None, total: int | None, steps_per_s: float | None) -> float | None:
+    """Seconds until ``total`` steps at the current rate; None when it cannot be known."""
+    if steps_done is None or not total or not steps_per_s or steps_per_s <= 0:
+        return None
+    return max(0, total - steps_done) / steps_per_s
+
+
+def command_text(name: str, value: float | None) -> str:
+    """How a command reads in the events pane: ``clip 0.5``, ``LR ×0.5``, ``profile 5 steps``."""
+    if name == "clip":
+        return "clip off" if value is None else f"clip {fmt_si(value)}"
+    if name == "lr_scale":
+        return f"LR ×{fmt_si(value)}"
+    if name == "profile":
+        return f"profile {int(value or 0)} steps"
+    return name

@@ -1,0 +1,48 @@
+"""Lists every key the dashboard answers to, and what it does."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+
+class HelpScreen(ModalScreen[None]):
+    """Shows ``rows`` of (key, description, available now); any listed close key dismisses."""
+
+    BINDINGS = [
+        Binding("escape,q,question_mark", "dismiss(None)", "Close", id="help.close"),
+    ]
+
+    DEFAULT_CSS = """
+    HelpScreen {
+        align: center middle;
+    }
+    HelpScreen > Vertical {
+        width: 60;
+        height: auto;
+        max-height: 90%;
+        padding: 1 2;
+        border: thick $accent;
+        background: $surface;
+    }
+    """
+
+    def __init__(self, rows: list[tuple[str, str, bool]], note: str = "") -> None:
+        super().__init__()
+        self.rows = rows
+        self.note = note
+
+    def compose(self) -> ComposeResult:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        for key, description, enabled in self.rows:
+            table.add_row(key, description, style="" if enabled else "dim")
+        with Vertical():
+            yield Static("[b]ptdash keys[/b]")
+            yield Static(table)
+            yield Static(f"[dim]{self.note or 'Dimmed keys are not available now. Esc closes.'}[/dim]")

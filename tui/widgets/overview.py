@@ -1,0 +1,64 @@
+"""The Overview tab: loss, LR, grad norm and speed charts over the log and events panes."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Container, Horizontal
+from textual.widget import Widget
+
+from .. import panels
+from ..state import RunState
+from .chart_panel import ChartPanel
+from .events_pane import EventsPane
+from .log_pane import LogPane
+
+CHARTS = (
+    ("loss", "loss", panels.loss),
+    ("lr", "learning rate", panels.lr),
+    ("grad", "grad norm", panels.grad),
+    ("speed", "speed", panels.speed),
+)
+"""(id, title, builder) of each chart, in layout order."""
+
+
+class Overview(Widget):
+    """Lays out the first screen; the app hands it the RunState and calls ``refresh_charts``."""
+
+    DEFAULT_CSS = """
+    Overview {
+        height: 1fr;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._seen: dict[str, tuple] = {}
+
+    def compose(self) -> ComposeResult:
+        with Container(id="charts"):
+            for key, title, _ in CHARTS:
+                yield ChartPanel(title, id=f"{key}-panel")
+        with Horizontal(id="panes"):
+            yield LogPane(id="log")
+            yield EventsPane(id="events")
+
+    def refresh_charts(self, state: RunState) -> None:
+        """Rebuild the charts whose data changed since the last call."""
+        for key, _, build in CHARTS:
+            fingerprint = _fingerprint(key, state)
+            if self._seen.get(key) == fingerprint:
+                continue
+            self._seen[key] = fingerprint
+            panel = self.query_one(f"#{key}-panel", ChartPanel)
+            panel.legend, panel.chart = build(state)
+
+
+def _fingerprint(key: str, state: RunState) -> tuple:
+    names = {
+        "loss": ("loss",),
+        "lr": tuple(panels.lr_names(state.series)),
+        "grad": ("grad/norm_total", "grad/clip_max", "grad/clipped"),
+        "speed": ("throughput/samples_per_s", "time/step_s"),
+    }[key]
+    extra = state.status.lr_scale if key == "lr" and state.status is not None else None
+    return names, panels.versions(state, names), extra
