@@ -332,6 +332,9 @@ def fmt_si(value: float | None, digits: int = 3) -> str:
     for scale, prefix in _SI:
         if mag >= scale * 0.9995:
             return f"{value / scale:.{digits}g}{prefix}"
+    if mag >= 1:
+        # Never fall into exponent form for the integer digits: 100, not 1e+02.
+        return f"{value:.{max(digits, int(math.log10(mag)) + 1)}g}"
     if mag == 0 or mag >= 0.01:
         return f"{value:.{digits}g}"
     mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
