@@ -34,19 +34,19 @@ def script_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def run_target(argv: list[str]) -> None:
+def run_target(argv: list[str]) -> dict:
     """Run ``argv`` (``[script, args...]`` or ``["-m", module, args...]``) as __main__."""
     if argv[0] == "-m":
         module, args = argv[1], argv[2:]
         sys.argv = [module, *args]
         sys.path[0] = os.getcwd()
         # alter_sys also sets argv[0] to the module's file, as `python -m` does.
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
         script, args = argv[0], argv[1:]
         sys.argv = [script, *args]
         sys.path[0] = os.path.dirname(os.path.realpath(script))
-        runpy.run_path(script, run_name="__main__")
+        return runpy.run_path(script, run_name="__main__")
 
 
 def main() -> int:
@@ -69,8 +69,11 @@ def main() -> int:
         rundir.update_info(run_dir, status="crashed", exit_code=1, error=str(exc))
         return 1
     state, code, detail = "finished", 0, ""
+    # The script's globals outlive it until the engine has finished, so a checkpoint due
+    # at the very end still finds the model and optimizer.
+    script_globals: dict = {}
     try:
-        run_target(argv)
+        script_globals = run_target(argv)
     except StopTraining:
         state = "stopped"
     except SystemExit as exc:
@@ -94,6 +97,7 @@ def main() -> int:
         sys.stdout.flush()
         sys.stderr.flush()
     engine.finish(state, code, detail)
+    del script_globals
     return code
 
 

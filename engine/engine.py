@@ -95,6 +95,11 @@ class Engine:
     def finish(self, state: str, exit_code: int, detail: str = "") -> None:
         """Record how the script ended, flush everything, close the socket."""
         global ENGINE
+        if self.controls.pending.checkpoint and state == "finished":
+            try:
+                self.controls.at_save_point(self.hooks.step)
+            except Exception:
+                log.exception("final checkpoint failed")
         self.hooks.detach()
         self.exit_code = exit_code
         self.detail = detail

@@ -266,10 +266,15 @@ def encode(msg: Message) -> bytes:
 def decode(payload: bytes) -> Message:
     """The message in one frame's payload (without its length prefix)."""
     try:
-        body = json.loads(payload.decode("utf-8"))
+        body = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"frame is not UTF-8 JSON: {exc}") from None
     return from_dict(body)
+
+
+def _reject_constant(name: str):
+    # Python's json accepts NaN and Infinity; the protocol (like JSON itself) does not.
+    raise ProtocolError(f"{name} is not valid JSON")
 
 
 class FrameReader:

@@ -325,7 +325,10 @@ class Server:
                     client.out += frames
             return
         if isinstance(msg, Command):
-            self._on_command(msg)
+            try:
+                self._on_command(msg)
+            except Exception:  # one bad command must not stop the server
+                log.exception("command %r failed", msg)
         else:
             self._refuse(client, f"unexpected {msg.type} message")
 

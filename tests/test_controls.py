@@ -1,0 +1,200 @@
+"""Live controls over the real socket, checked by their effect on the training process."""
+
+from __future__ import annotations
+
+import math
+import socket
+import struct
+import time
+
+import pytest
+import torch
+
+from ptdash import rundir
+from ptdash.protocol import Command, Hello, Refused, encode
+from ptdash.transport import Client, TransportError
+
+from runner import SCRIPTS, Run, ptdash, wait_for
+
+STEADY = SCRIPTS / "steady.py"
+
+
+@pytest.fixture
+def run(tmp_path):
+    r = Run(tmp_path, STEADY)
+    yield r
+    r.close()
+
+
+def test_pause_stops_the_step_counter_and_resume_restarts_it(run):
+    run.wait_step(5)
+    ack = run.send("pause")
+    assert ack.ok and ack.message == f"paused at step {ack.step}"
+    time.sleep(0.6)  # let the flusher store everything up to the pause
+    held = run.last_step()
+    assert held == ack.step
+    time.sleep(1.0)
+    assert run.last_step() == held  # nothing moves while paused
+    assert run.info()["status"] == "paused"
+    ack2 = run.send("resume")
+    assert ack2.ok and ack2.step == held
+    run.wait_step(held + 5)
+    assert run.send("resume").message == "not paused"
+
+
+def test_clip_change_bounds_the_next_grad_norms(run):
+    run.wait_step(5)
+    steps, norms = run.series("grad/norm_total")
+    assert max(norms) > 1.0  # the script's gradients are large; the clip below matters
+    ack = run.send("clip", 0.5)
+    assert ack.ok
+    run.wait_step(ack.step + 20)
+    run.send("pause")
+    # The parameter update really used clipped gradients: SGD's step equals lr * momentum
+    # buffer, and every clipped gradient has norm <= 0.5. We check the recorded marker
+    # and the norm the update saw, measured by the engine after clipping.
+    steps, clip_max = run.series("grad/clip_max")
+    after = [v for s, v in zip(steps, clip_max) if s > ack.step]
+    assert after and all(v == 0.5 for v in after)
+    ack_off = run.send("clip", None)
+    assert ack_off.ok and "off" in ack_off.message
+
+
+def test_engine_refuses_bad_values_even_from_a_raw_client(run):
+    for value in (-1.0, 0.0):
+        ack = run.send("clip", value)
+        assert not ack.ok and "finite number > 0" in ack.message
+    ack = run.send("lr_scale", -2.0)
+    assert not ack.ok
+    ack = run.send("frobnicate")
+    assert not ack.ok and "unknown command" in ack.message
+    # NaN cannot even be encoded as JSON; a peer that sends it raw gets refused.
+    sock = _raw_connect(run)
+    payload = b'{"type":"command","v":1,"id":"x","name":"clip","value":NaN}'
+    sock.sendall(struct.pack(">I", len(payload)) + payload)
+    assert b"refused" in _read_all(sock)
+    # Training went on through all of it.
+    before = run.last_step()
+    run.wait_step(before + 3)
+
+
+def _raw_connect(run) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(run.info()["socket"])
+    sock.sendall(encode(Hello(token=rundir.read_token(run.run_dir), client="raw")))
+    return sock
+
+
+def _read_all(sock) -> bytes:
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except socket.timeout:
+        pass
+    return data
+
+
+def test_garbage_and_wrong_tokens_are_refused_without_harm(run):
+    info = run.info()
+    bad = Client(info["socket"], "0" * 64, name="intruder")
+    with pytest.raises(TransportError, match="wrong token"):
+        bad.connect()
+    for junk in (b"\x00\x00\x00\x05hello", b"GET / HTTP/1.1\r\n\r\n", b"\xff\xff\xff\xff" + b"x" * 10):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(5)
+        sock.connect(info["socket"])
+        sock.sendall(junk)
+        assert b"refused" in _read_all(sock)
+        sock.close()
+    before = run.last_step()
+    run.wait_step(before + 3)
+    assert run.send("pause").ok  # the engine still serves its owner
+
+
+def test_lr_factor_scales_the_effective_lr_and_follows_the_scheduler(run):
+    run.wait_step(5)
+    ack = run.send("lr_scale", 0.1)
+    assert ack.ok
+    run.wait_step(ack.step + 10)
+    steps, lrs = run.series("opt/lr/group0")
+    by_step = dict(zip(steps, lrs))
+    for s in range(ack.step + 1, ack.step + 10):
+        schedule = 0.05 / (1 + 0.001 * (s - 1))  # the script's LambdaLR value at step s
+        assert math.isclose(by_step[s], 0.1 * schedule, rel_tol=1e-9), s
+    for s in range(1, ack.step + 1):
+        assert math.isclose(by_step[s], 0.05 / (1 + 0.001 * (s - 1)), rel_tol=1e-9), s
+
+
+def test_checkpoint_loads_into_a_fresh_model(run):
+    run.wait_step(5)
+    ack = run.send("checkpoint")
+    assert ack.ok and "saved" in ack.message
+    path = run.run_dir / "checkpoints" / f"step-{ack.step}.pt"
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["ptdash"]["step"] == ack.step
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model.load_state_dict(ckpt["models"]["Sequential"])
+    assert len(ckpt["optimizers"]) == 1 and len(ckpt["schedulers"]) == 1
+    assert ckpt["schedulers"][0]["last_epoch"] == ack.step
+
+
+def test_stop_saves_a_checkpoint_and_runs_finally(run):
+    run.wait_step(3)
+    ack = run.send("stop")
+    assert ack.ok
+    assert run.wait() == 0
+    assert "finally ran" in run.output()
+    assert run.info()["status"] == "stopped"
+    assert (run.run_dir / "checkpoints" / f"step-{ack.step}.pt").exists()
+
+
+def test_pause_requested_during_a_long_step_is_honoured_at_the_next_boundary(tmp_path):
+    run = Run(tmp_path, STEADY, "--sleep", "1.5")
+    try:
+        run.wait_step(1)
+        t0 = time.monotonic()
+        ack = run.send("pause")
+        assert ack.ok
+        assert time.monotonic() - t0 < 4
+        time.sleep(1.0)
+        assert run.last_step() == ack.step
+    finally:
+        run.close()
+
+
+def test_resume_equals_an_uninterrupted_run_bit_for_bit(tmp_path):
+    n = 40
+    straight, first, second = (tmp_path / d for d in ("straight", "first", "second"))
+    for d in (straight, first, second):
+        d.mkdir()
+    ok = ptdash("--headless", "--run-dir", "run", str(STEADY), "--steps", str(2 * n), "--sleep", "0",
+                "--params-out", "params.pt", cwd=straight)
+    assert ok.returncode == 0, ok.stderr
+    ok = ptdash("--headless", "--run-dir", "run", "--checkpoint-every", str(n), str(STEADY),
+                "--steps", str(n), "--sleep", "0", cwd=first)
+    assert ok.returncode == 0, ok.stderr
+    ckpt = first / "run" / "checkpoints" / f"step-{n}.pt"
+    assert ckpt.exists()
+    ok = ptdash("--headless", "--run-dir", "run", "--resume", str(ckpt), str(STEADY), "--steps", str(2 * n),
+                "--sleep", "0", "--params-out", "params.pt", cwd=second)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    a = torch.load(straight / "params.pt")
+    b = torch.load(second / "params.pt")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    from ptdash.store import StoreReader
+    with StoreReader(second / "run" / "metrics.db") as s:
+        steps, _ = s.series("loss")
+    assert steps == list(range(n + 1, 2 * n + 1))
+
+
+def test_corrupt_checkpoint_is_one_line(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint at all")
+    (tmp_path / "ok.py").write_text("print('ran')\n")
+    result = ptdash("--headless", "--run-dir", "run", "--resume", str(bad), "ok.py", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "bad.pt is unreadable" in result.stdout + result.stderr
+    assert "ran" not in (tmp_path / "run" / "output.log").read_text()
