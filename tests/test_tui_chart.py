@@ -128,3 +128,11 @@ def test_tick_label():
     assert tick_label(2e-4, 1e-4) == "2e-4"
     assert tick_label(2.5e-4, 5e-5) == "2.5e-4"
     assert tick_label(1500, 500) == "1.5k"
+
+
+def test_dashed_line_is_drawn_between_sparse_points():
+    rows = render(Chart([Line([0, 3, 6, 9], [1.0, 1.0, 1.0, 1.0], "red", dashed=True)]), 42, 2)
+    plot = to_text(rows)[0].split("┤", 1)[-1] if "┤" in to_text(rows)[0] else to_text(rows)[0][2:]
+    lit = [i for i, ch in enumerate(plot) if dots(ch)]
+    assert len(lit) >= len(plot) // 2 - 1  # every other cell, all the way across
+    assert lit[0] <= 1 and lit[-1] >= len(plot) - 2

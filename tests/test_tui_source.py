@@ -49,13 +49,22 @@ class Inbox:
 
 def test_load_history_reads_everything(tmp_path):
     run_dir = make_run(tmp_path, steps=500, status="finished", exit_code=0)
-    history = load_history(run_dir)
+    history = load_history(run_dir, first=None)
     steps, values = history.series["loss"]
     assert steps[0] == 1 and steps[-1] == 500 and len(values) == 500
     assert "opt/lr/group1" in history.series and "host/cpu_pct" in history.series
-    assert history.walls[0][-1] == 500
+    assert history.walls[0][-1] == 500 and not history.pending
     assert [e["kind"] for e in history.events] == ["run", "checkpoint", "anomaly"]
     assert history.status == Status(state="finished", step=500, total_steps=2000, exit_code=0)
+
+
+def test_load_history_reads_the_first_screen_first(tmp_path):
+    run_dir = make_run(tmp_path, steps=50, status="finished", exit_code=0)
+    history = load_history(run_dir)
+    assert {"loss", "opt/lr/group0", "grad/norm_total", "time/step_s"} <= set(history.series)
+    assert sorted(history.pending) == ["host/cpu_pct", "host/rss_bytes"]
+    rest = source_mod.load_series(run_dir, history.pending)
+    assert len(rest.series["host/cpu_pct"][0]) == 50
 
 
 def test_load_history_without_a_store(tmp_path):
@@ -72,9 +81,10 @@ def test_replay_source_delivers_history_and_log(tmp_path):
     inbox.wait(lambda x: isinstance(x, Connection))
     source.close()
     kinds = [type(x) for x in inbox.items]
-    assert kinds == [History, LogLines, Connection]
-    assert inbox.items[1].lines[-1] == "epoch 0 step 200 loss " + inbox.items[1].lines[-1].split()[-1]
-    assert inbox.items[2].note == "replay (read-only)"
+    assert kinds == [History, Backfill, LogLines, Connection]
+    assert "host/cpu_pct" in inbox.items[1].series
+    assert inbox.items[2].lines[-1].startswith("epoch 0 step 200 loss ")
+    assert inbox.items[3].note == "replay (read-only)"
 
 
 def test_live_source_follows_socket_without_duplicates(tmp_path):
@@ -110,7 +120,7 @@ def test_live_source_backfills_dropped_rows_from_the_store(tmp_path):
         writer.write(rows=[demo_row(s, rng, time.time()) for s in range(501, 511)])
         writer.close()
         engine.server.publish(Metrics(rows=[demo_row(511, rng, time.time())], dropped=10))
-        backfill = inbox.wait(lambda x: isinstance(x, Backfill))
+        backfill = inbox.wait(lambda x: isinstance(x, Backfill) and "loss" in x.series)
         steps, _ = backfill.series["loss"]
         assert steps == list(range(501, 511))
         source.close()

@@ -158,8 +158,8 @@ class DashboardApp(App[str]):
     def _apply_ack(self, ack: Ack) -> EventLine:
         text = self._sent.pop(ack.id, None) or command_text(ack.name, None)
         line = self.state.add_ack(ack, text)
-        if ack.ok and ack.message:
-            line.text += f" ({ack.message})"
+        if ack.ok and ack.message and ack.name not in ("pause", "resume"):
+            line.text += f" ({ack.message})"  # the checkpoint path, the old and new clip norm
         if not ack.ok:
             self.notify(line.text, severity="error")
         return line

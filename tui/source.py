@@ -31,13 +31,20 @@ from ptdash.transport import Client, TransportError
 HISTORY_POINTS = 4000
 """Points per series read from the store on (re)attach; decimated in SQL beyond that."""
 
+FIRST_SERIES = ("loss", "opt", "grad/", "time/step_s", "throughput/")
+"""Prefixes of the series the first screen charts; they are read first on attach, since
+decimating a long series costs a scan of it (about a second per million steps)."""
+
+HISTORY_WALLS = 1000
+"""Newest step wall times read on attach (for steps/s; elapsed time comes from run.json)."""
+
 LOG_TAIL_BYTES = 256 * 1024
 """How much of an existing output.log is read back on attach."""
 
 GONE_GRACE_S = 3.0
 """Seconds a dead engine process may leave run.json unfinished before the run counts as crashed."""
 
-POLL_S = 0.25
+POLL_S = 0.5
 """How often the source thread looks at output.log and run.json between messages."""
 
 
@@ -57,6 +64,8 @@ class History:
     status: Status | None
     """The status the files describe (None before the engine wrote any)."""
     meta: dict = field(default_factory=dict)
+    pending: list[str] = field(default_factory=list)
+    """Series left out to show the charts sooner; a Backfill with them follows."""
 
 
 @dataclass
@@ -135,7 +144,10 @@ class ReplaySource(Source):
         self._thread.start()
 
     def _run(self, post: Post) -> None:
-        post(load_history(self.run_dir))
+        history = load_history(self.run_dir)
+        post(history)
+        if history.pending:
+            post(load_series(self.run_dir, history.pending))
         tail = LogTail(self.run_dir / "output.log")
         lines = tail.read()
         if lines:
@@ -170,6 +182,7 @@ class LiveSource(Source):
         self._last: dict[str, int] = {}
         self._last_wall_step = -1
         self._gaps: list[tuple[int, int, float]] = []
+        self._pending: list[str] = []
         self.can_control = False
 
     def start(self, post: Post) -> None:
@@ -210,6 +223,7 @@ class LiveSource(Source):
         try:
             history = load_history(self.run_dir)
             self._remember(history.series, history.walls)
+            self._pending = list(history.pending)
             post(history)
             lines = tail.read()
             if lines:
@@ -224,6 +238,7 @@ class LiveSource(Source):
                     post(backfill)
                 self.can_control = True
                 post(Connection(True, "live"))
+                self._load_pending(post)
                 self._follow(post, tail)
                 self.can_control = False
                 if self._stop.is_set():
@@ -231,6 +246,7 @@ class LiveSource(Source):
                 post(Connection(False, "engine disconnected"))
             else:
                 post(Connection(False, connect_error))
+                self._load_pending(post)
             self._follow_files(post, tail)
         except Exception as exc:  # a source must not take the app down; say what happened
             self.can_control = False
@@ -358,6 +374,14 @@ class LiveSource(Source):
                     return
             self._stop.wait(1.0)
 
+    def _load_pending(self, post: Post) -> None:
+        """The series the first History left out (live rows that came meanwhile are kept)."""
+        if self._pending:
+            backfill = load_series(self.run_dir, self._pending)
+            self._pending = []
+            self._remember(backfill.series, ([], []))
+            post(backfill)
+
     def _read_new(self) -> Backfill | None:
         try:
             reader = StoreReader(self.run_dir / STORE_NAME)
@@ -366,6 +390,8 @@ class LiveSource(Source):
         with reader:
             series = {}
             for name in reader.names():
+                if name in self._pending:
+                    continue
                 steps, values = reader.series(name, max_points=HISTORY_POINTS, after_step=self._last.get(name, -1))
                 if steps:
                     series[name] = (steps, values)
@@ -393,13 +419,18 @@ def _read_info(run_dir: Path) -> dict | None:
         return None
 
 
-def load_history(run_dir: Path) -> History:
-    """Everything the run dir holds now; an empty History when the store is not there yet."""
+def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) -> History:
+    """What the run dir holds now; an empty History when the store is not there yet.
+
+    With ``first`` (name prefixes), only those series are read and the others are
+    listed in ``History.pending`` for ``load_series``; with None, every series is read.
+    """
     info = _read_info(run_dir) or {}
     series: dict[str, tuple[list[int], list[float | None]]] = {}
     walls: tuple[list[int], list[float]] = ([], [])
     events: list[dict] = []
     meta: dict = {}
+    pending: list[str] = []
     try:
         reader = StoreReader(Path(run_dir) / STORE_NAME)
     except StoreError:
@@ -407,13 +438,31 @@ def load_history(run_dir: Path) -> History:
     if reader is not None:
         with reader:
             for name in reader.names():
-                series[name] = reader.series(name, max_points=HISTORY_POINTS)
-            walls = reader.walls()
+                if first is None or name.startswith(first):
+                    series[name] = reader.series(name, max_points=HISTORY_POINTS)
+                else:
+                    pending.append(name)
+            last = reader.last_step()
+            walls = reader.walls(after_step=None if last is None else last - HISTORY_WALLS)
             events = reader.events()
             meta = reader.meta()
     last_step = walls[0][-1] if walls[0] else None
     status = status_from_files(info, last_step) if info else None
-    return History(info=info, series=series, walls=walls, events=events, status=status, meta=meta)
+    return History(info=info, series=series, walls=walls, events=events, status=status, meta=meta,
+                   pending=pending)
+
+
+def load_series(run_dir: Path, names: list[str]) -> Backfill:
+    """The whole (decimated) history of ``names``, as a Backfill."""
+    series = {}
+    try:
+        reader = StoreReader(Path(run_dir) / STORE_NAME)
+    except StoreError:
+        return Backfill({}, ([], []))
+    with reader:
+        for name in names:
+            series[name] = reader.series(name, max_points=HISTORY_POINTS)
+    return Backfill(series, ([], []))
 
 
 def status_from_files(info: dict, last_step: int | None) -> Status:
