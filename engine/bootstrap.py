@@ -93,6 +93,7 @@ def main() -> int:
         detail = script_traceback(exc)
         sys.stderr.write(detail)
         state, code = "crashed", 1
+        engine.on_crash(exc)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

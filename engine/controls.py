@@ -106,6 +106,12 @@ class Controls:
                 # Paused runs still save and stop when asked.
                 self.at_save_point(step)
 
+    def pause_here(self, step: int, message: str) -> None:
+        """Pause now, on the training thread (an anomaly), until a resume or stop arrives."""
+        self.paused = True
+        self._fx.set_state("paused", paused_at=step)
+        self.at_step_start(step)
+
     def at_save_point(self, step: int) -> None:
         """Serve pending checkpoints and stops. Raises StopTraining to end the script."""
         pending = self.pending

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, rundir
+from . import checkpoint, profiling, rundir, system
+from .monitor import Monitor
 from .controls import Controls, Settings
 from .hooks import Hooks
-from .protocol import Ack, Command, Event, Metrics, Status, Welcome, finite_or_none
+from .protocol import Ack, Command, Event, Layers, Metrics, Status, Welcome
 from .recorder import Recorder
 from .store import STORE_NAME, StoreWriter
 from .transport import Server
@@ -40,7 +41,7 @@ class Engine:
     """One process's instrumentation: hooks, controls, store, server, flusher."""
 
     def __init__(self, run_dir: Path, config: dict) -> None:
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir).resolve()
         self.info = rundir.read_info(self.run_dir)
         self.config = config
         self.settings = Settings(clip=config.get("clip"), lr_scale=config.get("lr_scale") or 1.0)
@@ -61,6 +62,13 @@ class Engine:
         self._flusher: threading.Thread | None = None
         self._resume: dict | None = None
         self._last_checkpoint_time = time.monotonic()
+        self.monitor = Monitor()
+        self.sampler = system.SystemSampler()
+        self._profile: profiling.ProfileWindow | None = None
+        self._layer_key: tuple = ()
+        self._layer_names: list[str] = []
+        self._layer_shapes: list[list[int]] = []
+        self._sent_names: list[str] | None = None
         self.store = StoreWriter(self.run_dir / STORE_NAME)
         self.server = Server(
             Path(self.info["socket"]), rundir.read_token(self.run_dir),
@@ -80,6 +88,9 @@ class Engine:
             self.settings.clip = saved.get("clip", self.settings.clip) if self.config.get("clip") is None else self.settings.clip
             self.settings.lr_scale = saved.get("lr_scale", 1.0) if self.config.get("lr_scale") is None else self.settings.lr_scale
         self.hooks.step = self.start_step
+        self.hooks.update_ratio_every = int(self.config.get("update_ratio_every", 20))
+        if self.config.get("memory_history"):
+            system.memory_history_start()
         self.hooks.attach()
         if self._resume is not None:
             self.hooks.arm_resume(self._apply_resume)
@@ -163,8 +174,63 @@ class Engine:
             pass
         os.kill(os.getpid(), signal.SIGKILL)
 
-    def start_profile(self, cmd: Command, step: int) -> None:
-        self.ack(cmd, False, step, "profiling is not available yet")
+    def start_profile(self, cmd: Command | None, step: int, steps: int | None = None) -> None:
+        """Profile the next steps with torch.profiler (training thread, at a step start)."""
+        steps = int(steps if steps is not None else cmd.value)
+        if self._profile is not None:
+            if cmd is not None:
+                self.ack(cmd, False, step, "a profile is already being recorded")
+            return
+        window = profiling.ProfileWindow(steps, self.run_dir / "profiles", step + 1)
+        window.start()
+        if window.error:
+            if cmd is not None:
+                self.ack(cmd, False, step, window.error)
+            return
+        self._profile = window
+        if cmd is not None:
+            self.ack(cmd, True, step, f"profiling steps {step + 1}-{step + steps}")
+
+    def _profile_step(self) -> None:
+        window = self._profile
+        if window is not None and window.on_step():
+            self._profile = None
+            window.stop()
+            # Building the table takes about a second: off the training thread.
+            threading.Thread(target=self._profile_report, args=(window,), name="ptdash-profile",
+                             daemon=True).start()
+
+    def _profile_report(self, window) -> None:
+        report = window.report()
+        a, b = report.get("steps", ["?", "?"])
+        if report.get("error"):
+            self.event("profile", f"profile of steps {a}-{b} failed: {report['error']}", **report)
+            return
+        top = report["top"][0]["name"] if report.get("top") else "nothing"
+        self.event("profile", f"profiled steps {a}-{b}: top op {top}; trace {report['trace']}", **report)
+
+    def on_nonfinite(self, opt, step: int, per_tensor, params) -> None:
+        """A non-finite loss or gradient before step ``step``'s update (CPU: exact)."""
+        import torch
+
+        name = "the loss"
+        if per_tensor is not None and per_tensor.numel():
+            bad = (~torch.isfinite(per_tensor)).nonzero()
+            if bad.numel():
+                name = self._names_for(params)[int(bad[0])]
+        action = self.config.get("on_anomaly") or "pause"
+        self.event("anomaly", f"non-finite gradient before the update of step {step}, first in {name}"
+                   + {"pause": "; paused before the update", "skip": "; update skipped",
+                      "warn": ""}[action], step=step, layer=name, action=action)
+        if action == "warn":
+            return
+        if action == "pause":
+            self.controls.pause_here(step - 1, name)
+        for group in opt.param_groups:
+            for p in group["params"]:
+                p.grad = None  # the optimizer skips parameters without gradients
+        if action == "pause":
+            self.event("anomaly", f"skipped the non-finite update of step {step}", step=step)
 
     def checkpoint(self, step: int, reason: str) -> str:
         """Save a checkpoint now (training thread); return a one-line summary."""
@@ -200,6 +266,16 @@ class Engine:
         self.event("run", f"resumed from {self.config['resume']} at step {self.start_step}"
                    + (f" ({'; '.join(warnings)})" if warnings else ""))
 
+    def on_crash(self, exc: BaseException) -> None:
+        """The script raised: an out-of-memory error gets the allocator report and remedies."""
+        if isinstance(exc, torch.OutOfMemoryError):
+            report = system.oom_report(error=exc)
+            if self.config.get("memory_history"):
+                path = self.run_dir / "memory-snapshot.pickle"
+                if system.memory_history_dump(path):
+                    report["snapshot"] = str(path)
+            self.event("oom", "out of memory: " + "; ".join(report["remedies"]), **report)
+
     def _journal(self) -> list[dict]:
         from .store import StoreReader
 
@@ -231,6 +307,11 @@ class Engine:
     def on_step_end(self, step: int) -> None:
         if self.state == "starting":
             self.set_state("running")
+        if self._profile is not None:
+            self._profile_step()
+        window = self.config.get("profile_steps")
+        if window and step + 1 == window[0]:
+            self.start_profile(None, step, window[1] - window[0] + 1)
         every = self.config.get("checkpoint_every")
         every_s = self.config.get("checkpoint_every_s")
         if (every and step % int(every) == 0) or (
@@ -276,22 +357,72 @@ class Engine:
     # --------------------------------------------------------------- flushing
 
     def _flush_loop(self) -> None:
-        last_status = 0.0
+        last_status = last_system = 0.0
         while not self._stop.wait(self.flush_interval):
             try:
-                self._flush()
                 now = time.monotonic()
+                system_row = None
+                if now - last_system >= 1.0:
+                    system_row = self._system_row()
+                    last_system = now
+                self._flush(system_row)
                 if now - last_status >= 1.0:
                     self.server.publish(self.status())
                     last_status = now
             except Exception:  # keep flushing; never take training down
                 log.exception("flush failed")
 
-    def _flush(self) -> None:
-        rows, layers = self.recorder.drain()
+    def _system_row(self) -> list:
+        values = {k: v for k, v in self.sampler.sample().items() if v is not None}
+        return [self.hooks.step, time.time(), values]
+
+    def _flush(self, system_row: list | None = None) -> None:
+        rows, layer_rows = self.recorder.drain()
+        for kind, message, data in self.monitor.check_rows(rows):
+            self.event(kind, message, **data)
+        layers_msg, blobs = None, []
+        if layer_rows:
+            last = layer_rows[-1]
+            names = self._names_for(last.params)
+            fresh = names is not self._sent_names
+            flags, findings = self.monitor.check_layers(last.step, names, last.grad_norms)
+            for row in layer_rows[:-1]:
+                if None in row.grad_norms:  # a non-finite step inside the flush: name it
+                    findings += self.monitor.check_layers(row.step, self._names_for(row.params), row.grad_norms)[1]
+            for kind, message, data in findings:
+                self.event(kind, message, **data)
+            ratios = next((r.update_ratios for r in reversed(layer_rows) if r.update_ratios is not None), None)
+            layers_msg = Layers(step=last.step, grad_norms=last.grad_norms, update_ratios=ratios, flags=flags,
+                                names=names if fresh else None, shapes=self._layer_shapes if fresh else None)
+            self._sent_names = names
+            blobs.append(("layers", last.step, _json_bytes(
+                {"names": names if fresh else None, "grad_norms": last.grad_norms, "update_ratios": ratios,
+                 "flags": flags})))
         with self._lock:
             events, self._events = self._events, []
-        if rows or events:
-            self.store.write(rows=rows, events=events)
-        if rows:
-            self.server.publish(Metrics(rows=rows))
+        extra = [system_row] if system_row else []
+        if rows or events or blobs or extra:
+            self.store.write(rows=rows, events=events, blobs=blobs, extra=extra)
+        if rows or extra:
+            self.server.publish(Metrics(rows=rows + extra))
+        if layers_msg is not None:
+            self.server.publish(layers_msg)
+
+    def _names_for(self, params: list) -> list[str]:
+        """Parameter names for a list of parameters (cached while the list's shape holds)."""
+        key = (len(params), id(params[0]) if params else 0, id(params[-1]) if params else 0)
+        if key != self._layer_key:
+            by_id = {}
+            for model in self.hooks.models:
+                for name, p in checkpoint.unwrap(model).named_parameters():
+                    by_id.setdefault(id(p), name)
+            self._layer_names = [by_id.get(id(p), f"param{i}") for i, p in enumerate(params)]
+            self._layer_shapes = [list(p.shape) for p in params]
+            self._layer_key = key
+        return self._layer_names
+
+
+def _json_bytes(obj) -> bytes:
+    import json
+
+    return json.dumps(obj, separators=(",", ":")).encode()

@@ -56,6 +56,9 @@ class Hooks:
         self._t_pre: float | None = None
         self._samples = 0
         self.layer_params: list[torch.Tensor] = []
+        self._before: list[torch.Tensor] | None = None
+        self._before_params: list[torch.Tensor] | None = None
+        self.update_ratio_every = 20
         self._resume = None
         self._resume_fire = None
         self._resume_handle = None
@@ -330,6 +333,17 @@ class Hooks:
             if override is not None and not script_clipped:
                 metrics.clip_with_norm(params, override, total)
                 self._clip_max = override
+        per_tensor, total = self._norms
+        closure = self._closure_loss_index is not None
+        if not closure and total.device.type == "cpu" and not (
+                bool(torch.isfinite(total)) and all(bool(torch.isfinite(l)) for l in self._losses)):
+            # On CPU this check is free (no device to wait for), so a non-finite gradient is
+            # caught before the update. On CUDA it would be a sync per step: the flusher
+            # reports it there instead, a flush later.
+            self.engine.on_nonfinite(opt, self.step + 1, per_tensor, self.layer_params)
+        elif self.update_ratio_every and (self.step + 1) % self.update_ratio_every == 0 and self.layer_params:
+            self._before_params = self.layer_params
+            self._before = torch._foreach_mul([p.detach() for p in self._before_params], 1.0)
 
     def _scale_lr(self, opt) -> None:
         scale = self.engine.settings.lr_scale
@@ -367,10 +381,15 @@ class Hooks:
         if self._norms is not None:
             per_tensor, total = self._norms
             device["grad/norm_total"] = total
-            record.layers = per_tensor
+            if per_tensor is not None:
+                record.layers = per_tensor
+                record.params = self.layer_params
             if self._clip_max is not None:
                 host["grad/clip_max"] = self._clip_max
                 device["grad/clipped"] = (total > self._clip_max).float()
+        if self._before is not None:
+            record.update_ratios = metrics.update_ratio(self._before, [p.detach() for p in self._before_params])
+            self._before = self._before_params = None
         lr_source = effective or [(g, g["lr"]) for g in opt.param_groups]
         for i, (_, lr) in enumerate(lr_source):
             _put(host, device, f"opt/lr/group{i}", lr)

@@ -97,6 +97,11 @@ class ProfileWindow:
         except Exception as exc:
             self._error = f"profiler did not start: {type(exc).__name__}: {exc}"
 
+    @property
+    def error(self) -> str | None:
+        """Why the window failed, None while all is well."""
+        return self._error
+
     def on_step(self) -> bool:
         """Count one finished optimizer step; True when the window is complete (or failed)."""
         self._done += 1

@@ -155,8 +155,29 @@ class Event(Message):
     data: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Layers(Message):
+    """Per-parameter gradient statistics at one step, sent once per flush.
+
+    ``names`` and ``shapes`` come with the first message and whenever the parameter list
+    changes (None otherwise: the receiver keeps the last). ``grad_norms`` and
+    ``update_ratios`` (|w_after - w_before| / |w_before|, sampled every few steps; None in
+    between) follow that order; ``flags`` maps a parameter index (as a string) to
+    ``vanishing``, ``exploding`` or ``nonfinite``.
+    """
+
+    type: ClassVar[str] = "layers"
+    step: int
+    grad_norms: list
+    names: list | None = None
+    shapes: list | None = None
+    update_ratios: list | None = None
+    flags: dict = field(default_factory=dict)
+    rank: int = 0
+
+
 MESSAGES: dict[str, type[Message]] = {
-    cls.type: cls for cls in (Hello, Command, Welcome, Refused, Metrics, Status, Ack, Event)
+    cls.type: cls for cls in (Hello, Command, Welcome, Refused, Metrics, Status, Ack, Event, Layers)
 }
 
 

@@ -33,6 +33,20 @@ class StepRecord:
     host: dict[str, float] = field(default_factory=dict)
     device: dict[str, torch.Tensor] = field(default_factory=dict)
     layers: torch.Tensor | None = None
+    params: list | None = None
+    """The parameters ``layers`` describes, in order (a reference, not a copy)."""
+    update_ratios: torch.Tensor | None = None
+    """Per-parameter |w_after - w_before| / |w_before| on the steps that sample it."""
+
+
+@dataclass
+class LayerRow:
+    """Per-parameter values of one step, on the host."""
+
+    step: int
+    params: list
+    grad_norms: list
+    update_ratios: list | None
 
 
 class Recorder:
@@ -48,8 +62,8 @@ class Recorder:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def drain(self) -> tuple[list[list], list[tuple[int, list[float]]]]:
-        """Take every pending record; return Metrics rows and per-layer norm rows.
+    def drain(self) -> tuple[list[list], list[LayerRow]]:
+        """Take every pending record; return Metrics rows and per-layer rows.
 
         Called on the flusher thread. Rows are ``[step, wall, {name: value}]`` with
         non-finite values as None.
@@ -61,7 +75,8 @@ class Recorder:
             return [], []
         device_values = _to_host([v for r in records for v in r.device.values()])
         layer_values = _to_host([r.layers for r in records if r.layers is not None], flat=False)
-        rows, layers, i, j = [], [], 0, 0
+        ratio_values = _to_host([r.update_ratios for r in records if r.update_ratios is not None], flat=False)
+        rows, layers, i, j, k = [], [], 0, 0, 0
         for r in records:
             values = {k: finite_or_none(v) for k, v in r.host.items()}
             for name in r.device:
@@ -69,7 +84,11 @@ class Recorder:
                 i += 1
             rows.append([r.step, r.wall, values])
             if r.layers is not None:
-                layers.append((r.step, layer_values[j]))
+                ratios = None
+                if r.update_ratios is not None:
+                    ratios = [finite_or_none(v) for v in ratio_values[k]]
+                    k += 1
+                layers.append(LayerRow(r.step, r.params or [], [finite_or_none(v) for v in layer_values[j]], ratios))
                 j += 1
         return rows, layers
 

@@ -71,17 +71,22 @@ class StoreWriter:
             self._name_ids[name] = id_
         return id_
 
-    def write(self, rows=(), rank: int = 0, events=(), blobs=()) -> None:
+    def write(self, rows=(), rank: int = 0, events=(), blobs=(), extra=()) -> None:
         """Write one flush in a single transaction.
 
         ``rows``: ``[step, wall, {name: value}]`` lists (value None for non-finite);
         ``events``: ``(wall, step, kind, message, data)`` tuples; ``blobs``:
-        ``(kind, step, bytes)`` tuples (per-layer arrays and the like).
+        ``(kind, step, bytes)`` tuples (per-layer arrays and the like); ``extra``: rows
+        of values sampled by time rather than by step (system metrics), stored as scalars
+        at the given step without touching that step's wall time.
         """
         with self._transaction():
             scalars, steps = [], []
             for step, wall, values in rows:
                 steps.append((rank, step, wall))
+                for name, value in values.items():
+                    scalars.append((self._name_id(name), rank, step, value))
+            for step, _wall, values in extra:
                 for name, value in values.items():
                     scalars.append((self._name_id(name), rank, step, value))
             self._db.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", steps)

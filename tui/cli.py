@@ -66,6 +66,15 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="save a checkpoint every N steps, or every so many minutes/hours (30m, 2h)")
     p.add_argument("--keep-last", type=int, metavar="K", help="keep only the newest K checkpoints")
     p.add_argument("--resume", type=Path, metavar="CKPT", help="resume from a ptdash checkpoint")
+    p.add_argument("--on-anomaly", choices=("pause", "skip", "warn"), default="pause",
+                   help="on a non-finite loss or gradient: pause before the update (default), skip the "
+                        "update, or only warn")
+    p.add_argument("--profile-steps", type=_steps_arg, metavar="A:B",
+                   help="profile optimizer steps A to B with torch.profiler")
+    p.add_argument("--memory-history", action="store_true",
+                   help="record CUDA allocations; on out-of-memory, save a snapshot for PyTorch's memory viewer")
+    p.add_argument("--update-ratio-every", type=int, default=20, metavar="K",
+                   help="measure each parameter's update/weight ratio every K steps (0: never; default 20)")
     p.add_argument("--flush-interval", type=_positive_arg("flush interval"), default=0.25, metavar="S",
                    help="seconds between metric flushes (default 0.25)")
     p.add_argument("target", nargs=argparse.REMAINDER, help="script (or module) and its arguments")
@@ -86,6 +95,16 @@ def _clip_arg(text: str) -> float | None:
         return parse_positive(text, "clip norm", allow_off=True)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _steps_arg(text: str) -> tuple[int, int]:
+    try:
+        a, b = (int(x) for x in text.split(":"))
+        if not 1 <= a <= b:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--profile-steps takes A:B with 1 <= A <= B, got {text!r}") from None
+    return a, b
 
 
 def _every_arg(text: str) -> tuple[str, float]:
@@ -130,7 +149,9 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
     config = {
         "clip": args.clip, "lr_scale": args.lr_scale, "keep_last": args.keep_last,
         "resume": str(args.resume.resolve()) if args.resume else None,
-        "flush_interval": args.flush_interval,
+        "flush_interval": args.flush_interval, "on_anomaly": args.on_anomaly,
+        "profile_steps": list(args.profile_steps) if args.profile_steps else None,
+        "memory_history": args.memory_history, "update_ratio_every": args.update_ratio_every,
     }
     if args.checkpoint_every:
         kind, value = args.checkpoint_every
