@@ -74,7 +74,7 @@ class DashboardApp(App[str]):
         with TabbedContent(id="tabs"):
             with TabPane("Overview", id="overview"):
                 yield Overview(id="overview-view")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.query_one(RunHeader).run_name = self.source.name
@@ -207,9 +207,12 @@ class DashboardApp(App[str]):
         """Send a command and note it in the events pane; its ack will follow there."""
         command = Command(id=new_command_id(), name=name, value=value)
         text = command_text(name, value)
-        self._sent[command.id] = text
-        self.source.send(command)
-        line = EventLine(time.time(), None, f"{text} sent", "dim")
+        if self.source.can_control:
+            self._sent[command.id] = text
+            self.source.send(command)
+            line = EventLine(time.time(), None, f"{text} sent", "dim")
+        else:  # the engine went away while a dialog was open
+            line = EventLine(time.time(), None, f"{text} not sent: the engine is not connected", "error")
         self.state.events.append(line)
         self.query_one(EventsPane).add([line])
 

@@ -60,6 +60,9 @@ def lr(state: RunState) -> tuple[Text, Chart]:
     if not names:
         return Text("no LR yet", "dim"), Chart()
     lines, parts = [], []
+    scale = state.status.lr_scale if state.status is not None else 1.0
+    if scale != 1.0:
+        parts.append(Text(f"×{fmt_si(scale)}", "bold yellow"))
     for i, name in enumerate(names):
         series = state.series[name]
         style = PALETTE[i % len(PALETTE)]
@@ -69,9 +72,6 @@ def lr(state: RunState) -> tuple[Text, Chart]:
             parts.append(_value(label, series.latest(), style, 3))
     if len(names) > 4:
         parts.append(Text(f"+{len(names) - 4}", "dim"))
-    scale = state.status.lr_scale if state.status is not None else 1.0
-    if scale != 1.0:
-        parts.append(Text(f"×{fmt_si(scale)}", "bold yellow"))
     return _join(parts), Chart(lines)
 
 

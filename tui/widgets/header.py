@@ -69,8 +69,9 @@ class RunHeader(Widget):
         self._clock = self.set_interval(1.0, self.refresh)
 
     def watch_status(self, status: Status | None) -> None:
-        if status is not None and status.state in ENDED:
-            self._clock.pause()
+        clock = getattr(self, "_clock", None)
+        if clock is not None and status is not None and status.state in ENDED:
+            clock.pause()
 
     def render(self) -> Text:
         return fit(self.pieces(time.time()), self.size.width)
@@ -78,24 +79,24 @@ class RunHeader(Widget):
     def pieces(self, now: float) -> list[tuple[int, Text]]:
         """(priority, text) in display order; a lower priority is dropped first."""
         status = self.status
-        out: list[tuple[int, Text]] = [(6, Text(f" {self.run_name} ", "bold reverse"))]
+        out: list[tuple[int, Text]] = [(5, Text(f" {self.run_name} ", "bold reverse"))]
         out.append((9, Text(f" {state_text(status)} ", STATE_STYLES.get(status.state if status else "starting", ""))))
         if status is not None:
             total = f"/{status.total_steps:,}" if status.total_steps else ""
             out.append((8, Text.assemble(("step ", "dim"), (f"{status.step:,}{total}", "bold"))))
-        if self.steps_per_s is not None and not (status and status.state in ENDED):
+        if self.steps_per_s is not None and status is not None and status.state in ("running", "pausing", "stopping"):
             out.append((5, Text.assemble((f"{fmt_si(self.steps_per_s)}", "bold"), (" it/s", "dim"))))
         if self.started is not None:
             end = self.ended if (status and status.state in ENDED and self.ended) else now
-            out.append((4, Text.assemble(("elapsed ", "dim"), fmt_duration(end - self.started))))
+            out.append((3, Text.assemble(("elapsed ", "dim"), fmt_duration(end - self.started))))
         if status is not None and status.state in ("running", "starting"):
             left = eta(status.step, status.total_steps, self.steps_per_s)
             if left is not None:
-                out.append((5, Text.assemble(("ETA ", "dim"), fmt_duration(left))))
+                out.append((4, Text.assemble(("ETA ", "dim"), fmt_duration(left))))
         if status is not None and status.clip is not None:
-            out.append((3, Text.assemble(("clip ", "dim"), (fmt_si(status.clip), "bold yellow"))))
+            out.append((6, Text.assemble(("clip ", "dim"), (fmt_si(status.clip), "bold yellow"))))
         if status is not None and status.lr_scale != 1.0:
-            out.append((3, Text.assemble(("LR ×", "dim"), (fmt_si(status.lr_scale), "bold yellow"))))
+            out.append((6, Text.assemble(("LR ×", "dim"), (fmt_si(status.lr_scale), "bold yellow"))))
         if self.connection and self.connection != "live":
             out.append((7, Text(self.connection, "italic red" if "disconnected" in self.connection else "italic")))
         return out
