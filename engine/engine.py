@@ -410,7 +410,8 @@ class Engine:
 
     def _names_for(self, params: list) -> list[str]:
         """Parameter names for a list of parameters (cached while the list's shape holds)."""
-        key = (len(params), id(params[0]) if params else 0, id(params[-1]) if params else 0)
+        key = (len(params), id(params[0]) if params else 0, id(params[-1]) if params else 0,
+               tuple(id(m) for m in self.hooks.models))
         if key != self._layer_key:
             by_id = {}
             for model in self.hooks.models:

@@ -21,10 +21,9 @@ def grad_norms(grads: list[torch.Tensor], norm_type: float = 2.0,
     """
     norm_type = float(norm_type)
     if not grads:
-        zero = torch.tensor(0.0)
-        return zero.reshape(0), zero
+        return torch.zeros(0), torch.tensor(0.0)
     first_device = grads[0].device
-    grouped = _group_tensors_by_device_and_dtype([grads])
+    grouped = _group_tensors_by_device_and_dtype([grads], with_indices=True)
     norms: list[torch.Tensor] = []
     order: list[int] = []
     for (device, _), ([device_grads], indices) in grouped.items():

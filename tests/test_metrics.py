@@ -1,0 +1,105 @@
+"""Metric math against direct computations, on tiny CPU models."""
+
+import copy
+
+import pytest
+import torch
+
+from ptdash import metrics
+from ptdash.monitor import Monitor, Thresholds, ema
+
+
+def _grads(seed=0, dtypes=(torch.float32,)):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, shape in enumerate([(7, 3), (3,), (16, 16), (1,), (5, 2, 2)]):
+        out.append((torch.randn(shape, generator=g) * (10 ** (i - 2))).to(dtypes[i % len(dtypes)]))
+    return out
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32,), (torch.float32, torch.float64), (torch.bfloat16, torch.float32)])
+def test_total_norm_is_bit_identical_to_torch(dtypes):
+    grads = _grads(dtypes=dtypes)
+    per, total = metrics.grad_norms(grads)
+    expected = torch.nn.utils.get_total_norm(grads)
+    assert total.dtype == expected.dtype and torch.equal(total, expected)
+    direct = torch.stack([torch.linalg.vector_norm(g).float() for g in grads])
+    assert torch.equal(per, direct)  # per-tensor, in the caller's order
+
+
+def test_clip_through_our_norms_equals_clip_grad_norm():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    twin = copy.deepcopy(model)
+    x = torch.randn(16, 4)
+    model(x).pow(2).sum().backward()
+    twin(x).pow(2).sum().backward()
+    ref = torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.1)
+    params = list(model.parameters())
+    per, total = metrics.grad_norms([p.grad for p in params])
+    metrics.clip_with_norm(params, 0.1, total)
+    assert torch.equal(total, ref)
+    for a, b in zip(params, twin.parameters()):
+        assert torch.equal(a.grad, b.grad)
+
+
+def test_update_ratio_matches_explicit_copies():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(10, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.randn(4, 10)).sum().backward()
+    opt.step()
+    after = [p.detach() for p in model.parameters()]
+    ratios = metrics.update_ratio(before, after)
+    for r, b, a in zip(ratios, before, after):
+        assert torch.isclose(r, (a - b).norm() / b.norm(), rtol=1e-6)
+
+
+def test_empty_grad_list():
+    per, total = metrics.grad_norms([])
+    assert per.numel() == 0 and total.item() == 0.0
+
+
+def test_ema():
+    assert ema(None, 5.0, 0.1) == 5.0
+    assert ema(5.0, 15.0, 0.1) == 6.0
+
+
+def test_loss_spike_is_reported_once_after_warmup():
+    m = Monitor(Thresholds(warmup_steps=5))
+    rows = [[s, 0.0, {"loss": 1.0}] for s in range(1, 30)]
+    assert m.check_rows(rows) == []
+    events = m.check_rows([[30, 0.0, {"loss": 10.0}], [31, 0.0, {"loss": 12.0}]])
+    assert len(events) == 1 and events[0][0] == "anomaly" and "loss spike at step 30" in events[0][1]
+
+
+def test_nonfinite_loss_is_reported():
+    events = Monitor().check_rows([[1, 0.0, {"loss": None}]])
+    assert events and "non-finite loss at step 1" in events[0][1]
+
+
+def test_input_bound_hint():
+    m = Monitor(Thresholds(warmup_steps=1))
+    rows = [[s, 0.0, {"loss": 1.0, "time/data_s": 0.08, "time/step_s": 0.1}] for s in range(1, 10)]
+    (kind, message, data), = m.check_rows(rows)
+    assert kind == "hint" and "num_workers" in message and data["data_share"] == pytest.approx(0.8)
+
+
+def test_layer_flags_name_the_first_affected_layer():
+    m = Monitor(Thresholds(warmup_steps=3))
+    names = ["a.weight", "a.bias", "b.weight"]
+    for step in range(5):
+        flags, events = m.check_layers(step, names, [1.0, 1.0, 1.0])
+        assert flags == {} and events == []
+    flags, events = m.check_layers(6, names, [1.0, None, 1e-9])
+    assert flags == {"1": "nonfinite", "2": "vanishing"}
+    assert [e[1] for e in events] == ["nonfinite gradient at step 6: a.bias", "vanishing gradient at step 6: b.weight"]
+    flags, events = m.check_layers(7, names, [100.0, 1.0, 1.0])  # a jump of 100x its average
+    assert flags == {"0": "exploding"} and "exploding gradient at step 7: a.weight" in events[0][1]
+    assert m.check_layers(8, names, [1.0, None, 1e-9])[1] == []  # each finding once
+
+
+def test_thresholds_are_validated():
+    with pytest.raises(ValueError):
+        Thresholds(spike_factor=float("nan"))
