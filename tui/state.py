@@ -181,14 +181,6 @@ class StepRate:
         span = last_wall - first_wall
         return (last_step - first_step) / span if span > 0 else None
 
-    @property
-    def last_wall(self) -> float | None:
-        return self._points[-1][1] if self._points else None
-
-    @property
-    def first_wall(self) -> float | None:
-        return self._points[0][1] if self._points else None
-
 
 # -------------------------------------------------------------------------- run state
 
@@ -225,13 +217,6 @@ class RunState:
     @property
     def ended(self) -> bool:
         return self.status is not None and self.status.state in ENDED
-
-    @property
-    def step(self) -> int | None:
-        if self.status is not None:
-            return self.status.step
-        loss = self.series.get("loss")
-        return loss.last_step if loss else None
 
     def get(self, name: str) -> Series:
         """The series called ``name``, created empty when new."""
