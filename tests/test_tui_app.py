@@ -33,7 +33,7 @@ def screen_text(app: DashboardApp) -> str:
     return console.export_text()
 
 
-async def until(pilot, condition, timeout: float = 5.0, what: str = "") -> None:
+async def until(pilot, condition, timeout: float = 10.0, what: str = "") -> None:
     """Let the app run until ``condition()`` holds (fails the test after ``timeout``)."""
     deadline = time.monotonic() + timeout
     while not condition():
