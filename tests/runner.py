@@ -4,6 +4,7 @@ to the engine over its real socket."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -88,7 +89,12 @@ class Run:
         return (self.run_dir / "output.log").read_text()
 
     def close(self) -> None:
+        """End the CLI and the engine (which lives in its own session and would outlive it)."""
         self.client.close()
         if self.proc.poll() is None:
             self.proc.kill()
+        pid = self.info().get("pid")
+        if pid and rundir.pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        self.proc.wait()
         self.out.close()

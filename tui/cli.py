@@ -378,10 +378,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _first_positional(argv: list[str]) -> int | None:
+    """Index of the first argument that is not an option or an option's value."""
+    takes_value = {opt for action in _run_parser()._actions if action.nargs != 0 and action.option_strings
+                   for opt in action.option_strings}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m":
+            return None
+        if not arg.startswith("-"):
+            return i
+        i += 2 if arg in takes_value else 1
+    return None
+
+
 def _main(argv: list[str]) -> int:
-    first = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
-    if first is not None and argv[first] in SUBCOMMANDS and not Path(argv[first]).is_file() \
-            and "-m" not in argv[:first]:
+    first = _first_positional(argv)
+    if first is not None and argv[first] in SUBCOMMANDS and not Path(argv[first]).is_file():
         sub, rest = argv[first], argv[first + 1:]
         options = argv[:first]
         if sub == "ls":
