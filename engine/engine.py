@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint, profiling, rundir, system
+from .doctor import Doctor
 from .monitor import Monitor
 from .controls import Controls, Settings
 from .hooks import Hooks
@@ -63,6 +64,7 @@ class Engine:
         self._resume: dict | None = None
         self._last_checkpoint_time = time.monotonic()
         self.monitor = Monitor()
+        self.doctor = Doctor(self)
         self.sampler = system.SystemSampler()
         self._profile: profiling.ProfileWindow | None = None
         self._layer_key: tuple = ()
@@ -92,6 +94,7 @@ class Engine:
         if self.config.get("memory_history"):
             system.memory_history_start()
         self.hooks.attach()
+        self.doctor.attach()
         if self._resume is not None:
             self.hooks.arm_resume(self._apply_resume)
         self.server.start()
@@ -112,6 +115,7 @@ class Engine:
             except Exception:
                 log.exception("final checkpoint failed")
         self.hooks.detach()
+        self.doctor.detach()
         self.exit_code = exit_code
         self.detail = detail
         self.set_state(state)
@@ -268,6 +272,7 @@ class Engine:
 
     def on_crash(self, exc: BaseException) -> None:
         """The script raised: an out-of-memory error gets the allocator report and remedies."""
+        self.doctor.on_crash(exc)
         if isinstance(exc, torch.OutOfMemoryError):
             report = system.oom_report(error=exc)
             if self.config.get("memory_history"):
@@ -302,7 +307,7 @@ class Engine:
             self.set_state("running")
 
     def on_zero_grad(self, opt) -> None:
-        """Hook point for the doctor's rules."""
+        self.doctor.on_zero_grad(opt)
 
     def on_step_end(self, step: int) -> None:
         if self.state == "starting":
@@ -378,6 +383,7 @@ class Engine:
 
     def _flush(self, system_row: list | None = None) -> None:
         rows, layer_rows = self.recorder.drain()
+        self.doctor.on_flush(rows, layer_rows)
         for kind, message, data in self.monitor.check_rows(rows):
             self.event(kind, message, **data)
         layers_msg, blobs = None, []

@@ -188,6 +188,7 @@ class Hooks:
             if isinstance(t, torch.Tensor) and t.numel() == 1:
                 raw = getattr(t, "_ptdash_raw", None)
                 hooks._losses.append((raw if raw is not None else t).detach().reshape(()))
+            hooks.engine.doctor.on_backward()
             return original(tensors, *args, **kwargs)
 
         backward.__wrapped__ = original
@@ -334,6 +335,7 @@ class Hooks:
                 metrics.clip_with_norm(params, override, total)
                 self._clip_max = override
         per_tensor, total = self._norms
+        self.engine.doctor.on_pre_step(opt, self.step + 1, self.layer_params)
         closure = self._closure_loss_index is not None
         if not closure and total.device.type == "cpu" and not (
                 bool(torch.isfinite(total)) and all(bool(torch.isfinite(l)) for l in self._losses)):
@@ -402,6 +404,7 @@ class Hooks:
             host["throughput/samples_per_s"] = self._samples / max(now - self._t_post, 1e-9)
         self.engine.fill_record(record)
         self.engine.recorder.add(record)
+        self.engine.doctor.on_post_step(opt, self.step + 1)
         first = self.step == 0
         self.step += 1
         self._losses.clear()
