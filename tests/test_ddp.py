@@ -1,0 +1,118 @@
+"""Two ranks on CPU (gloo) through the real launcher: metrics, commands, pause, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from runner import ENV, SCRIPTS, Run, wait_for
+
+DDP = SCRIPTS / "ddp_train.py"
+pytestmark = pytest.mark.slow
+
+
+class DdpRun(Run):
+    def __init__(self, tmp_path, *args, env=None):
+        if env:
+            ENV.update(env)
+        try:
+            super().__init__(tmp_path, DDP, *args, options=("--nproc-per-node", "2"))
+        finally:
+            for k in env or {}:
+                ENV.pop(k)
+
+    def rank_step(self, rank: int) -> int:
+        with self.store() as s:
+            return s.last_step(rank) or 0
+
+    def close(self) -> None:
+        pids = _rank_pids()
+        super().close()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _rank_pids() -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"ptdash.bootstrap {DDP}"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_two_ranks_report_pause_together_and_survive_a_long_pause(tmp_path):
+    # A 3 s process-group timeout: a pause twice that long must not kill the job.
+    run = DdpRun(tmp_path, env={"PTDASH_TEST_PG_TIMEOUT": "3"})
+    try:
+        wait_for(lambda: run.rank_step(0) >= 5 and run.rank_step(1) >= 5, 90, what="both ranks stepping")
+        ack = run.send("pause")
+        assert ack.ok
+        time.sleep(1.0)
+        held = (run.rank_step(0), run.rank_step(1))
+        assert held == (ack.step, ack.step)  # both ranks stopped at the same step
+        time.sleep(6.0)
+        assert (run.rank_step(0), run.rank_step(1)) == held
+        assert run.send("resume").ok
+        wait_for(lambda: run.rank_step(0) >= held[0] + 5 and run.rank_step(1) >= held[1] + 5, 30,
+                 what="both ranks resuming")
+        assert "Timed out" not in run.output()
+    finally:
+        run.close()
+
+
+def test_clip_keeps_ranks_identical_checkpoint_loads_and_stop_ends_both(tmp_path):
+    run = DdpRun(tmp_path)
+    try:
+        wait_for(lambda: run.rank_step(1) >= 3, 90, what="rank 1 stepping")
+        ack = run.send("clip", 0.25)
+        assert ack.ok
+        wait_for(lambda: run.rank_step(1) >= ack.step + 5, 30)
+        with run.store() as s:
+            for rank in (0, 1):
+                steps, clip = s.series("grad/clip_max", rank=rank)
+                assert steps and all(c == 0.25 for st, c in zip(steps, clip) if st > ack.step + 1), rank
+        ck = run.send("checkpoint")
+        assert ck.ok
+        path = run.run_dir / "checkpoints" / f"step-{ck.step}.pt"
+        state = torch.load(path, weights_only=True)["models"]["Sequential"]
+        assert not any(k.startswith("module.") for k in state)  # unwrapped from DDP
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        model.load_state_dict(state)
+        assert run.send("stop").ok
+        assert run.wait(90) == 0
+        out = run.output()
+        assert "rank 0 finally ran" in out and "rank 1 finally ran" in out
+        p0, p1 = (torch.load(tmp_path / f"params-{r}.pt") for r in (0, 1))
+        for key in p0:
+            assert torch.equal(p0[key], p1[key]), key
+        assert run.info()["status"] == "stopped" and run.info()["world_size"] == 2
+        with run.store() as s:
+            channel = [e for e in s.events() if e["message"].startswith("rank channel:")]
+        assert channel and channel[0]["data"]["exchanges"] > 0
+        print(channel[0]["message"])
+    finally:
+        run.close()
+
+
+def test_sigkill_of_rank_1_is_reported_and_nothing_is_left_behind(tmp_path):
+    run = DdpRun(tmp_path)
+    try:
+        wait_for(lambda: run.rank_step(1) >= 3, 90, what="rank 1 stepping")
+        rank1 = [p for p in _rank_pids() if "RANK=1" in open(f"/proc/{p}/environ", "rb").read().decode(errors="ignore").replace("\0", " ") + " "]
+        assert len(rank1) == 1
+        os.kill(rank1[0], signal.SIGKILL)
+        code = run.proc.wait(90)
+        assert code != 0
+        info = run.info()
+        assert info["status"] == "crashed"
+        assert info["rank_failures"][0] == {"rank": 1, "exitcode": -signal.SIGKILL}
+        with run.store() as s:
+            assert any("rank 1 killed by SIGKILL" in e["message"] for e in s.events())
+        wait_for(lambda: not _rank_pids(), 30, what="every rank to exit")
+    finally:
+        run.close()
