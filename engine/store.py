@@ -5,24 +5,45 @@ number of readers (the dashboard, ``ptdash ls``, tests) can read it while it is 
 and always see whole transactions. SQLite survives a crash mid-write: an interrupted
 transaction is rolled back on the next open.
 
+Long runs: next to the raw scalars the writer keeps a summary table, the minimum and
+maximum (with their steps) of every series over buckets of 16, 256 and 4096 steps,
+updated in the same transaction as the rows. A decimated read of a million-step series
+then reads a few thousand summary rows instead of scanning a million.
+
+Damage: a store cut short or with flipped bytes is read up to the damage. Readers never
+raise on it; they return what they could read and keep a one-line ``StoreError`` in
+``StoreReader.damage`` (and log it).
+
 Stdlib only, so the terminal side can read it without importing torch.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sqlite3
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
+log = logging.getLogger("ptdash.store")
+
 STORE_NAME = "metrics.db"
+
+LEVELS = (16, 256, 4096)
+"""Steps per summary bucket, finest first."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL);
 CREATE TABLE IF NOT EXISTS scalars (
     name_id INTEGER NOT NULL, rank INTEGER NOT NULL, step INTEGER NOT NULL, value REAL,
     PRIMARY KEY (name_id, rank, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS summary (
+    level INTEGER NOT NULL, name_id INTEGER NOT NULL, rank INTEGER NOT NULL, bucket INTEGER NOT NULL,
+    lo_step INTEGER NOT NULL, lo REAL, hi_step INTEGER NOT NULL, hi REAL,
+    PRIMARY KEY (level, name_id, rank, bucket)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS steps (
     rank INTEGER NOT NULL, step INTEGER NOT NULL, wall REAL NOT NULL,
@@ -39,9 +60,37 @@ CREATE TABLE IF NOT EXISTS blobs (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
+# A bucket's extremes merge with a new bucket's: the lower minimum and higher maximum win;
+# a bucket of only None values keeps its first step with a None value.
+_UPSERT = """
+INSERT INTO summary VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (level, name_id, rank, bucket) DO UPDATE SET
+    lo_step = CASE WHEN excluded.lo < lo OR (lo IS NULL AND (excluded.lo IS NOT NULL
+                   OR excluded.lo_step < lo_step)) THEN excluded.lo_step ELSE lo_step END,
+    lo = CASE WHEN excluded.lo < lo OR lo IS NULL THEN excluded.lo ELSE lo END,
+    hi_step = CASE WHEN excluded.hi > hi OR (hi IS NULL AND (excluded.hi IS NOT NULL
+                   OR excluded.hi_step < hi_step)) THEN excluded.hi_step ELSE hi_step END,
+    hi = CASE WHEN excluded.hi > hi OR hi IS NULL THEN excluded.hi ELSE hi END
+"""
+
 
 class StoreError(RuntimeError):
     """The store is missing or damaged; the message says which and how far it was read."""
+
+
+def merge_point(bucket: list | None, step: int, value: float | None) -> list:
+    """Fold one point into ``[lo_step, lo, hi_step, hi]`` (a new bucket when None)."""
+    if bucket is None:
+        return [step, value, step, value]
+    if value is None:
+        if bucket[1] is None:
+            bucket[0], bucket[2] = min(bucket[0], step), min(bucket[2], step)
+        return bucket
+    if bucket[1] is None or value < bucket[1]:
+        bucket[0], bucket[1] = step, value
+    if bucket[3] is None or value > bucket[3]:
+        bucket[2], bucket[3] = step, value
+    return bucket
 
 
 class StoreWriter:
@@ -60,6 +109,8 @@ class StoreWriter:
         self._name_ids: dict[str, int] = dict(
             (name, id_) for id_, name in self._db.execute("SELECT id, name FROM names")
         )
+        self._last: dict[tuple[int, int], float] = {}
+        """Newest stored step of each (name id, rank): older steps are rewrites."""
 
     def _name_id(self, name: str) -> int:
         id_ = self._name_ids.get(name)
@@ -81,16 +132,19 @@ class StoreWriter:
         at the given step without touching that step's wall time.
         """
         with self._transaction():
+            ids = self._name_ids
             scalars, steps = [], []
             for step, wall, values in rows:
                 steps.append((rank, step, wall))
                 for name, value in values.items():
-                    scalars.append((self._name_id(name), rank, step, value))
+                    scalars.append((ids.get(name) or self._name_id(name), rank, step, value))
             for step, _wall, values in extra:
                 for name, value in values.items():
-                    scalars.append((self._name_id(name), rank, step, value))
+                    scalars.append((ids.get(name) or self._name_id(name), rank, step, value))
+            deltas, redo = self._plan_summary(scalars)
             self._db.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", steps)
             self._db.executemany("INSERT OR REPLACE INTO scalars VALUES (?, ?, ?, ?)", scalars)
+            self._update_summary(deltas, redo)
             self._db.executemany(
                 "INSERT INTO events (wall, step, kind, message, data) VALUES (?, ?, ?, ?, ?)",
                 [(w, s, k, m, json.dumps(d, allow_nan=False, default=str)) for w, s, k, m, d in events],
@@ -100,6 +154,59 @@ class StoreWriter:
                 [(kind, rank, step, data) for kind, step, data in blobs],
             )
 
+    def _plan_summary(self, scalars: list[tuple]) -> tuple[dict[tuple, list], set[tuple]]:
+        """How the flush's scalars change the summary, decided before they are inserted.
+
+        New steps merge into their buckets (``deltas``): points into the finest level,
+        then each level's buckets into the next. A step at or before the newest stored
+        one may replace a value (a system sample taken again while paused), so its
+        buckets are recomputed from the raw rows instead (``redo``).
+        """
+        by_series: dict[tuple[int, int], list] = {}
+        for name_id, rank, step, value in scalars:
+            by_series.setdefault((name_id, rank), []).append((step, value))
+        deltas: dict[tuple, list] = {}
+        redo: set[tuple] = set()
+        finest = LEVELS[0]
+        for key, points in by_series.items():
+            last = self._last.get(key)
+            if last is None:
+                (last,) = self._db.execute(
+                    "SELECT max(step) FROM scalars WHERE name_id = ? AND rank = ?", key).fetchone()
+                last = -math.inf if last is None else last
+            buckets: dict[int, list] = {}
+            for step, value in points:
+                if step <= last:
+                    redo.update((level, *key, step // level) for level in LEVELS)
+                else:
+                    buckets[step // finest] = merge_point(buckets.get(step // finest), step, value)
+                    last = step
+            self._last[key] = last
+            level = finest
+            for coarser in (*LEVELS[1:], None):
+                for index, bucket in buckets.items():
+                    deltas[(level, *key, index)] = bucket
+                if coarser is None:
+                    break
+                merged: dict[int, list] = {}
+                for index, (lo_step, lo, hi_step, hi) in buckets.items():
+                    j = index * level // coarser
+                    merged[j] = merge_point(merge_point(merged.get(j), lo_step, lo), hi_step, hi)
+                buckets, level = merged, coarser
+        return deltas, redo
+
+    def _update_summary(self, deltas: dict[tuple, list], redo: set[tuple]) -> None:
+        self._db.executemany(_UPSERT, [(*k, *b) for k, b in deltas.items() if k not in redo])
+        for level, name_id, rank, index in redo:
+            merged = None
+            for step, value in self._db.execute(
+                    "SELECT step, value FROM scalars WHERE name_id = ? AND rank = ? AND step >= ? AND step < ?",
+                    (name_id, rank, index * level, (index + 1) * level)):
+                merged = merge_point(merged, step, value)
+            if merged is not None:
+                self._db.execute("INSERT OR REPLACE INTO summary VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (level, name_id, rank, index, *merged))
+
     def set_meta(self, **values) -> None:
         """Store JSON-serialisable metadata under the given keys."""
         with self._transaction():
@@ -108,17 +215,17 @@ class StoreWriter:
                 [(k, json.dumps(v, default=str)) for k, v in values.items()],
             )
 
+    @contextmanager
     def _transaction(self):
-        db = self._db
-
-        class _Tx:
-            def __enter__(self):
-                db.execute("BEGIN")
-
-            def __exit__(self, exc_type, *_):
-                db.execute("ROLLBACK" if exc_type else "COMMIT")
-
-        return _Tx()
+        self._db.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            # The in-memory newest steps may now be ahead of the store: look them up again.
+            self._last.clear()
+            raise
+        self._db.execute("COMMIT")
 
     def close(self) -> None:
         """Checkpoint the WAL into the main file and close."""
@@ -129,20 +236,33 @@ class StoreWriter:
 
 
 class StoreReader:
-    """Reads a run's history, live or finished, without ever writing to it."""
+    """Reads a run's history, live or finished, without ever writing to it.
+
+    Never raises on a damaged store once open: each method returns what it could read
+    before the damage, and ``damage`` holds the first problem met as a one-line
+    StoreError (also logged). Values that are not finite numbers read as None.
+    """
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
+        self.damage: StoreError | None = None
         if not self.path.exists():
             raise StoreError(f"no metrics store at {self.path}")
         # Not mode=ro: a read-only connection cannot create the WAL index of a store whose
         # writer died, and the reader then sees nothing.
-        self._db = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, check_same_thread=False)
-        self._db.execute("PRAGMA query_only=1")
+        self._db = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, check_same_thread=False,
+                                   isolation_level=None)
         try:
+            self._db.execute("PRAGMA query_only=1")
+            # Check each cell's size against its page: damage is reported, not misread.
+            self._db.execute("PRAGMA cell_size_check=1")
+            tables = {n for (n,) in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             self._db.execute("SELECT count(*) FROM names").fetchone()
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"metrics store {self.path} is unreadable: {exc}") from None
+            self._db.close()
+            raise StoreError(f"{self.path.name} is unreadable: {exc}") from None
+        self._summary = "summary" in tables
+        """Stores written before the summary table existed are decimated from raw rows."""
 
     def close(self) -> None:
         self._db.close()
@@ -153,87 +273,255 @@ class StoreReader:
     def __exit__(self, *_) -> None:
         self.close()
 
+    def check(self) -> None:
+        """Raise the StoreError met so far, if any."""
+        if self.damage is not None:
+            raise self.damage
+
+    def _damaged(self, exc: BaseException, what: str) -> None:
+        if self.damage is None:
+            self.damage = StoreError(f"{self.path.name} is damaged {what}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            log.warning("%s", self.damage)
+
+    @contextmanager
+    def _snapshot(self):
+        """One read transaction: every query inside sees the same committed state."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.DatabaseError:
+                pass
+
     def names(self) -> list[str]:
         """Every scalar series name, sorted."""
-        return sorted(n for (n,) in self._db.execute("SELECT name FROM names"))
+        return sorted(n for n in self._rows("SELECT name FROM names", (), "in its list of names", one=True)
+                      if isinstance(n, str))
 
     def ranks(self) -> list[int]:
         """The ranks that recorded steps."""
-        return [r for (r,) in self._db.execute("SELECT DISTINCT rank FROM steps ORDER BY rank")]
+        return [r for r in self._rows("SELECT DISTINCT rank FROM steps ORDER BY rank", (), "in its steps", one=True)
+                if isinstance(r, int)]
 
     def last_step(self, rank: int = 0) -> int | None:
         """The newest recorded step of ``rank``, None before the first."""
-        (step,) = self._db.execute("SELECT max(step) FROM steps WHERE rank = ?", (rank,)).fetchone()
-        return step
+        rows = self._rows("SELECT max(step) FROM steps WHERE rank = ?", (rank,), "in its steps", one=True)
+        return rows[0] if rows and isinstance(rows[0], int) else None
 
     def meta(self) -> dict:
-        """All metadata, JSON-decoded."""
-        return {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
+        """All metadata, JSON-decoded (entries that do not decode are left out)."""
+        out = {}
+        for key, value in self._rows("SELECT key, value FROM meta", (), "in its metadata"):
+            try:
+                out[key] = json.loads(value)
+            except (TypeError, ValueError) as exc:
+                self._damaged(exc, f"in its metadata ({key!r})")
+        return out
+
+    def _rows(self, sql: str, args: tuple, what: str, one: bool = False) -> list:
+        """The rows of a query, up to the first damaged page."""
+        out = []
+        try:
+            for row in self._db.execute(sql, args):
+                out.append(row[0] if one else row)
+        except sqlite3.DatabaseError as exc:
+            self._damaged(exc, what)
+        return out
 
     def series(self, name: str, rank: int = 0, max_points: int | None = None,
                after_step: int | None = None) -> tuple[list[int], list[float | None]]:
         """``(steps, values)`` of one series in step order.
 
-        With ``max_points``, a long series is decimated in SQL to at most that many
-        points, keeping each bucket's minimum and maximum so spikes survive.
+        With ``max_points``, a long series is decimated to at most that many points,
+        keeping each bucket's minimum and maximum so spikes survive; a long range is
+        read from the summary table, so the cost does not grow with the run's length.
         """
+        try:
+            with self._snapshot():
+                pairs = self._series(name, rank, max_points, after_step)
+        except sqlite3.DatabaseError:
+            pairs = self._salvage(name, rank, max_points, after_step)
+        steps, values = [], []
+        for step, value in pairs:
+            if type(step) is int:
+                steps.append(step)
+                values.append(_number(value))
+        return steps, values
+
+    def _series(self, name: str, rank: int, max_points: int | None, after_step: int | None) -> list:
         row = self._db.execute("SELECT id FROM names WHERE name = ?", (name,)).fetchone()
         if row is None:
-            return [], []
-        where = "name_id = ? AND rank = ?" + (" AND step > ?" if after_step is not None else "")
-        args: tuple = (row[0], rank) + ((after_step,) if after_step is not None else ())
-        count, lo, hi = self._db.execute(
-            f"SELECT count(*), min(step), max(step) FROM scalars WHERE {where}", args
+            return []
+        first = -(2 ** 63) if after_step is None else after_step + 1
+        args = (row[0], rank, first)
+        where = "name_id = ? AND rank = ? AND step >= ?"
+        (lo,) = self._db.execute(f"SELECT min(step) FROM scalars WHERE {where}", args).fetchone()
+        (hi,) = self._db.execute(f"SELECT max(step) FROM scalars WHERE {where}", args).fetchone()
+        if lo is None:
+            return []
+        raw = f"SELECT step, value FROM scalars WHERE {where} ORDER BY step"
+        if max_points is None or hi - lo < max_points:
+            return self._db.execute(raw, args).fetchall()
+        (count,) = self._db.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM scalars WHERE {where} LIMIT ?)", (*args, max_points + 1)
         ).fetchone()
-        if not count:
-            return [], []
-        if max_points is None or count <= max_points:
-            pairs = self._db.execute(
-                f"SELECT step, value FROM scalars WHERE {where} ORDER BY step", args
-            ).fetchall()
-        else:
-            width = max(1, math.ceil((hi - lo + 1) / max(1, max_points // 2)))
+        if count <= max_points:
+            return self._db.execute(raw, args).fetchall()
+        groups = max(1, max_points // 2)
+        width = math.ceil((hi - lo + 1) / groups)
+        level = max((L for L in LEVELS if L <= width), default=None)
+        if level is None or not self._summary:
             # SQLite returns the bare `step` column from the row holding the min (max).
-            bucket = f"SELECT (step - {lo}) / {width} AS b, step, {{agg}}(value) FROM scalars WHERE {where} GROUP BY b"
+            bucket = (f"SELECT (step - {lo}) / {width} AS b, step, {{agg}}(value) FROM scalars "
+                      f"WHERE {where} GROUP BY b")
             points = {s: v for _, s, v in self._db.execute(bucket.format(agg="min"), args)}
             points.update({s: v for _, s, v in self._db.execute(bucket.format(agg="max"), args)})
-            pairs = sorted(points.items())
-        return [s for s, _ in pairs], [v for _, v in pairs]
+            return sorted(points.items())
+        return self._from_summary(row[0], rank, level, lo, hi, groups)
+
+    def _from_summary(self, name_id: int, rank: int, level: int, lo: int, hi: int, groups: int) -> list:
+        """Decimate ``[lo, hi]`` from the summary buckets of ``level``.
+
+        A first bucket that starts before ``lo`` (a read after a given step) is folded
+        from the raw rows; every other bucket lies wholly in the range.
+        """
+        first, last = lo // level, hi // level
+        points: dict[int, float | None] = {}
+        if lo > first * level:
+            head = None
+            for step, value in self._db.execute(
+                    "SELECT step, value FROM scalars WHERE name_id = ? AND rank = ? AND step >= ? AND step < ?",
+                    (name_id, rank, lo, (first + 1) * level)):
+                head = merge_point(head, step, value)
+            if head is not None:
+                points[head[0]], points[head[2]] = head[1], head[3]
+            first, groups = first + 1, max(1, groups - 1)
+        per_group = max(1, math.ceil((last - first + 1) / groups))
+        query = ("SELECT (bucket - ?) / ? AS g, {step}, {agg}({value}) FROM summary "
+                 "WHERE level = ? AND name_id = ? AND rank = ? AND bucket BETWEEN ? AND ? GROUP BY g")
+        args = (first, per_group, level, name_id, rank, first, last)
+        points.update((s, v) for _, s, v in self._db.execute(query.format(step="lo_step", agg="min", value="lo"), args))
+        points.update((s, v) for _, s, v in self._db.execute(query.format(step="hi_step", agg="max", value="hi"), args))
+        return sorted(points.items())
+
+    def _salvage(self, name: str, rank: int, max_points: int | None, after_step: int | None) -> list:
+        """The points of a series before the damage, read row by row in step order."""
+        decimator = _Decimator(max(1, (max_points or 0) // 2)) if max_points else None
+        out, last, count = [], None, 0
+        try:
+            row = self._db.execute("SELECT id FROM names WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return []
+            for step, value in self._db.execute(
+                    "SELECT step, value FROM scalars WHERE name_id = ? AND rank = ? AND step > ? ORDER BY step",
+                    (row[0], rank, -(2 ** 63) if after_step is None else after_step)):
+                if type(step) is not int:
+                    continue
+                if decimator is not None:
+                    decimator.add(step, _number(value))
+                else:
+                    out.append((step, value))
+                last, count = step, count + 1
+        except sqlite3.DatabaseError as exc:
+            where = f"after step {last}" if last is not None else "before its first step"
+            self._damaged(exc, f"{where} of {name!r}; {count} steps were read")
+        else:
+            # The raw rows read whole: only the summary was damaged.
+            self._damaged(StoreError("its summary table is unreadable"), f"(series {name!r} read in full)")
+        return decimator.points() if decimator is not None else out
 
     def latest(self, rank: int = 0) -> tuple[int | None, dict[str, float | None]]:
         """The newest step of ``rank`` and every value recorded at it."""
         step = self.last_step(rank)
         if step is None:
             return None, {}
-        values = dict(self._db.execute(
+        rows = self._rows(
             "SELECT n.name, s.value FROM scalars s JOIN names n ON n.id = s.name_id "
-            "WHERE s.rank = ? AND s.step = ?", (rank, step)))
-        return step, values
+            "WHERE s.rank = ? AND s.step = ?", (rank, step), f"at step {step}")
+        return step, {n: _number(v) for n, v in rows if isinstance(n, str)}
 
     def walls(self, rank: int = 0, after_step: int | None = None) -> tuple[list[int], list[float]]:
         """``(steps, wall_times)`` of ``rank``."""
-        rows = self._db.execute(
-            "SELECT step, wall FROM steps WHERE rank = ? AND step > ? ORDER BY step",
-            (rank, -1 if after_step is None else after_step)).fetchall()
-        return [s for s, _ in rows], [w for _, w in rows]
+        steps, walls = [], []
+        try:
+            for step, wall in self._db.execute(
+                    "SELECT step, wall FROM steps WHERE rank = ? AND step > ? ORDER BY step",
+                    (rank, -(2 ** 63) if after_step is None else after_step)):
+                if type(step) is int and isinstance(wall, float) and math.isfinite(wall):
+                    steps.append(step)
+                    walls.append(wall)
+        except sqlite3.DatabaseError as exc:
+            where = f"after step {steps[-1]}" if steps else "before its first step"
+            self._damaged(exc, f"{where} (step times); {len(steps)} steps were read")
+        return steps, walls
 
     def events(self, after_id: int = 0) -> list[dict]:
         """Events newer than ``after_id``, oldest first, each with its ``id``."""
-        rows = self._db.execute(
-            "SELECT id, wall, step, kind, message, data FROM events WHERE id > ? ORDER BY id", (after_id,))
-        return [dict(id=i, wall=w, step=s, kind=k, message=m, data=json.loads(d)) for i, w, s, k, m, d in rows]
+        out = []
+        for i, w, s, k, m, d in self._rows(
+                "SELECT id, wall, step, kind, message, data FROM events WHERE id > ? ORDER BY id",
+                (after_id,), "in its events"):
+            try:
+                data = json.loads(d)
+            except (TypeError, ValueError) as exc:
+                self._damaged(exc, f"in event {i}")
+                continue
+            if isinstance(k, str) and isinstance(m, str) and type(s) is int and isinstance(w, (int, float)):
+                out.append(dict(id=i, wall=w, step=s, kind=k, message=m, data=data))
+        return out
 
     def blobs(self, kind: str, rank: int = 0, after_step: int = -1, limit: int | None = None) -> list[tuple[int, bytes]]:
         """``(step, data)`` of one blob kind, oldest first (newest ``limit`` when given)."""
         if limit is None:
-            rows = self._db.execute(
+            rows = self._rows(
                 "SELECT step, data FROM blobs WHERE kind = ? AND rank = ? AND step > ? ORDER BY step",
-                (kind, rank, after_step)).fetchall()
+                (kind, rank, after_step), f"in its {kind} records")
         else:
-            rows = self._db.execute(
+            rows = self._rows(
                 "SELECT step, data FROM blobs WHERE kind = ? AND rank = ? AND step > ? ORDER BY step DESC LIMIT ?",
-                (kind, rank, after_step, limit)).fetchall()[::-1]
-        return rows
+                (kind, rank, after_step, limit), f"in its {kind} records")[::-1]
+        return [(s, d) for s, d in rows if type(s) is int and isinstance(d, bytes)]
+
+
+def _number(value) -> float | None:
+    """A stored value as the float it should be; anything else (damage) reads as None."""
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if type(value) is int:
+        return float(value)
+    return None
+
+
+class _Decimator:
+    """Min/max decimation of a stream of unknown length: buckets double in width as needed."""
+
+    def __init__(self, groups: int) -> None:
+        self.groups = groups
+        self.width = 1
+        self.origin: int | None = None
+        self.buckets: dict[int, list] = {}
+
+    def add(self, step: int, value: float | None) -> None:
+        if self.origin is None:
+            self.origin = step
+        index = (step - self.origin) // self.width
+        self.buckets[index] = merge_point(self.buckets.get(index), step, value)
+        if len(self.buckets) > self.groups:
+            self.width *= 2
+            merged: dict[int, list] = {}
+            for index, (s1, v1, s2, v2) in sorted(self.buckets.items()):
+                target = merged.get(index // 2)
+                target = merge_point(target, s1, v1)
+                merged[index // 2] = merge_point(target, s2, v2)
+            self.buckets = merged
+
+    def points(self) -> list:
+        points = {}
+        for s1, v1, s2, v2 in self.buckets.values():
+            points[s1], points[s2] = v1, v2
+        return sorted(points.items())
 
 
 def wait_for_store(path: Path, timeout: float) -> StoreReader | None:
