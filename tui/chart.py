@@ -34,6 +34,14 @@ class Line:
     style: Style | str = "white"
     dashed: bool = False
 
+    def __post_init__(self) -> None:
+        # A snapshot: the series a line comes from keeps growing until it is drawn, and
+        # a derived line (the EMA) is computed now, so both must be frozen together.
+        if len(self.steps) != len(self.values):
+            raise ValueError(f"{len(self.steps)} steps but {len(self.values)} values")
+        self.steps = list(self.steps)
+        self.values = list(self.values)
+
 
 @dataclass
 class Chart:
