@@ -9,6 +9,7 @@ it receives and answers them with Ack and Status as the engine would.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import threading
@@ -17,12 +18,50 @@ from dataclasses import replace
 from pathlib import Path
 
 from ptdash import rundir
-from ptdash.protocol import Ack, Command, Event, Metrics, Status, Welcome
+from ptdash.protocol import Ack, Command, Event, Layers, Metrics, Status, Welcome
 from ptdash.store import STORE_NAME, StoreWriter
 from ptdash.transport import Server
 
 TOTAL_STEPS = 2000
 CLIP = 1.0
+
+LAYER_COUNT = 500
+"""Parameters of the fixture's layer records: a 41-block transformer's worth."""
+
+VANISHING, EXPLODING = 7, 13
+"""Indices of the parameters the layer records flag (EXPLODING only from step 400 on)."""
+
+
+def layer_names(count: int = LAYER_COUNT) -> list[str]:
+    """Parameter names of a GPT-like model, cut to ``count``."""
+    names = ["tok_emb.weight", "pos_emb.weight"]
+    block = ["ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
+             "ln2.weight", "ln2.bias", "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"]
+    b = 0
+    while len(names) < count - 3:
+        names += [f"blocks.{b}.{p}" for p in block]
+        b += 1
+    names = names[:count - 3] + ["ln_f.weight", "ln_f.bias", "head.weight"]
+    return names[:count]
+
+
+def layer_shapes(names: list[str]) -> list[list[int]]:
+    return [[768] if n.endswith("bias") or ".ln" in n or n.startswith("ln") else [768, 768] for n in names]
+
+
+def layer_record(step: int, count: int = LAYER_COUNT) -> tuple[list, list | None, dict]:
+    """(grad_norms, update_ratios or None, flags) of one flush at ``step``: deterministic."""
+    norms: list[float | None] = []
+    for i in range(count):
+        base = 10 ** (-3 + 3 * ((i * 37) % 100) / 100)
+        norms.append(base * (1 + 0.2 * math.sin(step / 5 + i)))
+    flags = {str(VANISHING): "vanishing"}
+    norms[VANISHING] = 1e-9
+    if step >= 400:
+        norms[EXPLODING] = 500.0 + step
+        flags[str(EXPLODING)] = "exploding"
+    ratios = [1e-3 * (1 + (i % 10)) for i in range(count)] if step % 20 == 0 else None
+    return norms, ratios, flags
 
 
 def onecycle_lr(step: int, total: int = TOTAL_STEPS, peak: float = 3e-3) -> float:
@@ -58,8 +97,12 @@ def demo_row(step: int, rng: random.Random, wall: float) -> list:
 
 
 def make_run(root: Path, steps: int = 500, status: str = "running", name: str = "demo",
-             exit_code: int | None = None, seed: int = 0) -> Path:
-    """A run dir holding ``steps`` recorded steps of the demo run, in state ``status``."""
+             exit_code: int | None = None, seed: int = 0, layers: int = 0, extra_events=()) -> Path:
+    """A run dir holding ``steps`` recorded steps of the demo run, in state ``status``.
+
+    With ``layers``, every 4th step also stores a per-parameter record of that many
+    parameters, as the engine's flush does (names only in the first).
+    """
     run_dir = rundir.create(Path(root), name, {"argv": ["demo.py", "--lr", "3e-3"]})
     rng = random.Random(seed)
     start = time.time() - steps * 0.05 - 5
@@ -68,10 +111,21 @@ def make_run(root: Path, steps: int = 500, status: str = "running", name: str = 
     writer.set_meta(config={"script": "demo.py"})
     for i in range(0, len(rows), 100):
         writer.write(rows=rows[i:i + 100])
+    if layers:
+        names = layer_names(layers)
+        blobs = []
+        for step in range(4, steps + 1, 4):
+            norms, ratios, flags = layer_record(step, layers)
+            body = {"names": names if step == 4 else None, "grad_norms": norms, "update_ratios": ratios,
+                    "flags": flags}
+            blobs.append(("layers", step, json.dumps(body, separators=(",", ":")).encode()))
+        for i in range(0, len(blobs), 50):
+            writer.write(blobs=blobs[i:i + 50])
     writer.write(events=[
         (start + 1, 0, "run", "started", {}),
         (start + 2 + 100 * 0.05, 100, "checkpoint", "saved checkpoints/step-100.pt", {"path": "checkpoints/step-100.pt"}),
         (start + 2 + 321 * 0.05, 321, "anomaly", "grad norm spike 7.5 (12x median)", {}),
+        *extra_events,
     ])
     writer.close()
     log = [f"epoch 0 step {s} loss {r[2]['loss']:.4f}" for s, r in zip(range(1, steps + 1), rows) if s % 50 == 0]
@@ -135,6 +189,18 @@ class FakeEngine:
         self.server.publish(Metrics(rows=rows))
         self.server.publish(self.status)
 
+    def layers(self, count: int = LAYER_COUNT, names: bool = False) -> None:
+        """Publish one live per-parameter record at the current step (names only when asked)."""
+        norms, ratios, flags = layer_record(self.status.step, count)
+        listed = layer_names(count) if names else None
+        self.server.publish(Layers(step=self.status.step, grad_norms=norms, names=listed,
+                                   shapes=layer_shapes(listed) if listed else None,
+                                   update_ratios=ratios, flags=flags))
+
+    def event(self, kind: str, message: str, **data) -> None:
+        """Publish an engine event at the current step."""
+        self.server.publish(Event(kind=kind, step=self.status.step, wall=time.time(), message=message, data=data))
+
     def _on_command(self, cmd: Command) -> None:
         with self._lock:
             self.commands.append(cmd)
@@ -154,6 +220,8 @@ class FakeEngine:
                 changes = dict(lr_scale=cmd.value)
             elif cmd.name == "stop":
                 changes = dict(state="stopping")
+            elif cmd.name == "profile":
+                message = f"profiling steps {step + 1}-{step + int(cmd.value or 0)}"
             if changes:
                 self.status = replace(self.status, **changes)
             status = self.status

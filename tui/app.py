@@ -17,17 +17,21 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from ptdash.protocol import ENDED, Ack, Command, Event, Metrics, Status
+from ptdash.protocol import ENDED, Ack, Command, Event, Layers, Metrics, Status
 
+from . import profile, system
 from .messages import SourceUpdate
 from .source import Backfill, Connection, History, LogLines, Source, new_command_id
 from .state import EventLine, RunState, command_text, fmt_si
 from .widgets.events_pane import EventsPane
 from .widgets.header import RunHeader
 from .widgets.help_screen import HelpScreen
+from .widgets.layers_view import LayersView
 from .widgets.log_pane import LogPane
+from .widgets.oom_screen import OomScreen
 from .widgets.overview import Overview
 from .widgets.quit_dialog import QuitDialog
+from .widgets.report_view import ReportView
 from .widgets.stop_dialog import StopDialog
 from .widgets.value_dialog import ValueDialog
 
@@ -36,6 +40,13 @@ CONTROL_ACTIONS = frozenset({"pause", "resume", "checkpoint", "clip", "lr_factor
 
 HISTORY_EVENTS = 200
 """Newest stored events shown in the events pane on attach."""
+
+TABS = ("overview", "layers", "system", "profiler")
+"""Tab ids, in the order of their number keys."""
+
+
+def _profile_fingerprint(state: RunState) -> tuple:
+    return id(state.profile), state.profile_pending, state.profile_note, state.ended
 
 
 class DashboardApp(App[str]):
@@ -56,6 +67,10 @@ class DashboardApp(App[str]):
         Binding("s", "stop", "Stop", id="stop"),
         Binding("q", "quit", "Quit", id="quit"),
         Binding("question_mark", "help", "Help", key_display="?", id="help"),
+        Binding("1", "show_tab('overview')", "Overview tab", id="tab.overview", show=False),
+        Binding("2", "show_tab('layers')", "Layers tab", id="tab.layers", show=False),
+        Binding("3", "show_tab('system')", "System tab", id="tab.system", show=False),
+        Binding("4", "show_tab('profiler')", "Profiler tab", id="tab.profiler", show=False),
     ]
 
     def __init__(self, source: Source, *, redraw_hz: float = 4.0, profile_steps: int = 5) -> None:
@@ -72,8 +87,14 @@ class DashboardApp(App[str]):
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
         with TabbedContent(id="tabs"):
-            with TabPane("Overview", id="overview"):
+            with TabPane("1 Overview", id="overview"):
                 yield Overview(id="overview-view")
+            with TabPane("2 Layers", id="layers"):
+                yield LayersView(id="layers-view")
+            with TabPane("3 System", id="system"):
+                yield ReportView(system.report, system.versions, id="system-view")
+            with TabPane("4 Profiler", id="profiler"):
+                yield ReportView(lambda state, _: profile.report(state), _profile_fingerprint, id="profiler-view")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -98,6 +119,8 @@ class DashboardApp(App[str]):
             obj = self._inbox.popleft()
             if isinstance(obj, Metrics):
                 self.state.add_metrics(obj)
+            elif isinstance(obj, Layers):
+                self.state.add_layers(obj)
             elif isinstance(obj, Status):
                 controls_changed |= self._apply_status(obj, new_events)
             elif isinstance(obj, Ack):
@@ -106,6 +129,7 @@ class DashboardApp(App[str]):
                 line = self.state.add_event(obj)
                 if line is not None:
                     new_events.append(line)
+                self._alert(obj)
             elif isinstance(obj, LogLines):
                 log_lines += obj.lines
             elif isinstance(obj, History):
@@ -133,6 +157,8 @@ class DashboardApp(App[str]):
         for name, (steps, values) in history.series.items():
             state.get(name).extend(steps, values)
         state.add_walls(*history.walls)
+        for layers in history.layers:
+            state.add_layers(layers)
         for event in history.events[-HISTORY_EVENTS:]:
             line = state.add_event(event)
             if line is not None:
@@ -144,7 +170,7 @@ class DashboardApp(App[str]):
         old = self.state.status
         if old is not None and old.state in ENDED and status.state not in ENDED:
             return False  # a stale file read must not bring an ended run back to life
-        self.state.status = status
+        self.state.set_status(status)
         if old is not None and old.state == status.state:
             return False
         if status.state == "crashed":
@@ -154,6 +180,14 @@ class DashboardApp(App[str]):
             new_events.append(line)
             self.notify(last, title="Run crashed", severity="error", timeout=10)
         return True
+
+    def _alert(self, event: Event) -> None:
+        """Live events that need the user now: an OOM report, a pause for an anomaly."""
+        if event.kind == "oom" and not isinstance(self.screen, OomScreen):
+            self.push_screen(OomScreen(event.data))
+        elif event.kind == "anomaly" and event.data.get("action") == "pause":
+            self.notify(f"{event.message}. Space resumes.", title="Paused by an anomaly", severity="error",
+                        timeout=15)
 
     def _apply_ack(self, ack: Ack) -> EventLine:
         text = self._sent.pop(ack.id, None) or command_text(ack.name, None)
@@ -181,7 +215,11 @@ class DashboardApp(App[str]):
         header.started = state.info.get("started") or state.info.get("created") or state.first_wall
         header.ended = state.info.get("ended") or state.last_wall
         header.connection = state.connection_note
+        header.pause_reason = state.pause_reason
         self.query_one(Overview).refresh_charts(state)
+        self.query_one(LayersView).refresh_layers(state.layers)
+        for view in self.query(ReportView):
+            view.refresh_report(state)
 
     # ------------------------------------------------------------------- commands
 
@@ -226,7 +264,17 @@ class DashboardApp(App[str]):
         self.send("checkpoint")
 
     def action_profile(self) -> None:
+        self.state.profile_pending = f"profiling the next {self.profile_steps} steps…"
+        self.state.profile_note = None
         self.send("profile", self.profile_steps)
+        self.query_one("#profiler-view", ReportView).refresh_report(self.state)
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id == "layers":
+            self.query_one(LayersView).focus_table()
 
     def action_clip(self) -> None:
         status = self.state.status
@@ -273,6 +321,9 @@ class DashboardApp(App[str]):
                 continue
             seen.add((key, binding.action))
             rows.append((key, binding.description, enabled))
+        on_layers = self.query_one(TabbedContent).active == "layers"
+        rows += [(b.key_display or b.key, b.description, on_layers) for b in LayersView.BINDINGS]
+        rows.append(("enter", "Chart the layer's history", on_layers))
         self.push_screen(HelpScreen(rows))
 
 

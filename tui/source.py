@@ -4,7 +4,7 @@ Plain classes and threads, no Textual: a source is started with a ``post(obj)`` 
 and calls it from its own thread with what it learns, in order:
 
 - one ``History`` (everything the store held when the source looked),
-- then live protocol messages (``Metrics``, ``Status``, ``Ack``, ``Event``),
+- then live protocol messages (``Metrics``, ``Status``, ``Ack``, ``Event``, ``Layers``),
   ``Backfill`` (rows read back from the store to fill a gap in the live stream),
   ``LogLines`` (new lines of the script's output.log) and ``Connection`` (the link to
   the engine came up, went down, or never will).
@@ -15,6 +15,7 @@ The app must treat ``post`` as called from a foreign thread.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import queue
 import threading
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from ptdash import rundir
-from ptdash.protocol import ENDED, STATES, Ack, Command, Event, Metrics, Status
+from ptdash.protocol import ENDED, STATES, Ack, Command, Event, Layers, Metrics, Status
 from ptdash.store import STORE_NAME, StoreError, StoreReader
 from ptdash.transport import Client, TransportError
 
@@ -34,6 +35,9 @@ HISTORY_POINTS = 4000
 FIRST_SERIES = ("loss", "opt", "grad/", "time/step_s", "throughput/")
 """Prefixes of the series the first screen charts; they are read first on attach, since
 decimating a long series costs a scan of it (about a second per million steps)."""
+
+LAYER_FLUSHES = 300
+"""Newest per-parameter gradient records (one per engine flush) read on attach."""
 
 HISTORY_WALLS = 1000
 """Newest step wall times read on attach (for steps/s; elapsed time comes from run.json)."""
@@ -66,6 +70,8 @@ class History:
     meta: dict = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)
     """Series left out to show the charts sooner; a Backfill with them follows."""
+    layers: list[Layers] = field(default_factory=list)
+    """The newest stored per-parameter records, oldest first; the first carries names."""
 
 
 @dataclass
@@ -183,6 +189,7 @@ class LiveSource(Source):
         self._last_wall_step = -1
         self._gaps: list[tuple[int, int, float]] = []
         self._pending: list[str] = []
+        self._layer_count = 0
         self.can_control = False
 
     def start(self, post: Post) -> None:
@@ -224,6 +231,8 @@ class LiveSource(Source):
             history = load_history(self.run_dir)
             self._remember(history.series, history.walls)
             self._pending = list(history.pending)
+            if history.layers:
+                self._layer_count = len(history.layers[-1].grad_norms)
             post(history)
             lines = tail.read()
             if lines:
@@ -291,6 +300,8 @@ class LiveSource(Source):
                 msg = self._filter(msg)
                 if msg is not None:
                     post(msg)
+            elif isinstance(msg, Layers):
+                post(self._named(msg))
             elif isinstance(msg, (Status, Ack, Event)):
                 post(msg)
             now = time.monotonic()
@@ -319,6 +330,24 @@ class LiveSource(Source):
                 rows.append([step, wall, kept])
                 self._last_wall_step = max(self._last_wall_step, step)
         return Metrics(rows=rows, rank=msg.rank, dropped=msg.dropped) if rows else None
+
+    def _named(self, msg: Layers) -> Layers:
+        """``msg`` with its parameter names when the dashboard does not know them yet.
+
+        The engine sends names once (and when they change), so a dashboard that attached
+        between its history read and a change finds the names in the store.
+        """
+        count = len(msg.grad_norms)
+        if msg.names is not None or count == self._layer_count:
+            self._layer_count = count
+            return msg
+        self._layer_count = count  # one look per new parameter list, found or not
+        try:
+            with StoreReader(self.run_dir / STORE_NAME) as reader:
+                names = stored_names(reader, msg.step)
+        except StoreError:
+            return msg
+        return replace(msg, names=names) if names is not None and len(names) == count else msg
 
     def _fill_gaps(self, post: Post) -> None:
         """Read dropped steps back from the store; retry a gap until the store has it."""
@@ -431,6 +460,7 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
     events: list[dict] = []
     meta: dict = {}
     pending: list[str] = []
+    layers: list[Layers] = []
     try:
         reader = StoreReader(Path(run_dir) / STORE_NAME)
     except StoreError:
@@ -446,10 +476,61 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
             walls = reader.walls(after_step=None if last is None else last - HISTORY_WALLS)
             events = reader.events()
             meta = reader.meta()
+            layers = load_layers(reader)
     last_step = walls[0][-1] if walls[0] else None
     status = status_from_files(info, last_step) if info else None
     return History(info=info, series=series, walls=walls, events=events, status=status, meta=meta,
-                   pending=pending)
+                   pending=pending, layers=layers)
+
+
+def load_layers(reader: StoreReader, limit: int = LAYER_FLUSHES) -> list[Layers]:
+    """The newest ``limit`` stored per-parameter records as Layers messages, oldest first.
+
+    The engine stores names only when they change, so the first record gets the names in
+    effect at its step; records that cannot be read are skipped.
+    """
+    out = []
+    for step, data in reader.blobs("layers", limit=limit):
+        try:
+            body = json.loads(data)
+        except ValueError:
+            continue
+        if not isinstance(body, dict) or not isinstance(body.get("grad_norms"), list):
+            continue
+        names = body.get("names")
+        ratios = body.get("update_ratios")
+        out.append(Layers(step=step, grad_norms=body["grad_norms"],
+                          names=names if isinstance(names, list) else None,
+                          shapes=body.get("shapes") if isinstance(body.get("shapes"), list) else None,
+                          update_ratios=ratios if isinstance(ratios, list) else None,
+                          flags=body.get("flags") if isinstance(body.get("flags"), dict) else {}))
+    if out and out[0].names is None:
+        names = stored_names(reader, out[0].step)
+        if names is not None:
+            out[0] = replace(out[0], names=names)
+    return out
+
+
+_NAMES_PREFIX = b'{"names":['
+
+
+def stored_names(reader: StoreReader, step: int) -> list[str] | None:
+    """The parameter names in effect at ``step``: those of the newest record that has them.
+
+    StoreReader has no query for this and reading every record would cost the whole
+    history, so this asks its connection directly, newest first; SQLite stops at the
+    first record that starts with names (on most runs: the first record of all).
+    """
+    row = reader._db.execute(
+        "SELECT data FROM blobs WHERE kind = 'layers' AND rank = 0 AND step <= ? AND substr(data, 1, ?) = ? "
+        "ORDER BY step DESC LIMIT 1", (step, len(_NAMES_PREFIX), _NAMES_PREFIX)).fetchone()
+    if row is None:
+        return None
+    try:
+        names = json.loads(row[0]).get("names")
+    except (ValueError, AttributeError):
+        return None
+    return names if isinstance(names, list) else None
 
 
 def load_series(run_dir: Path, names: list[str]) -> Backfill:

@@ -11,7 +11,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ptdash.protocol import ENDED, Ack, Event, Metrics, Status
+from ptdash.protocol import ENDED, Ack, Event, Layers, Metrics, Status
+
+from .layers import LayerStats
 
 SERIES_CAP = 8000
 """Points a series buffer holds before it decimates itself to half of that."""
@@ -213,6 +215,19 @@ class RunState:
     first_wall: float | None = None
     last_wall: float | None = None
     seen_commands: set[str] = field(default_factory=set)
+    layers: LayerStats = field(default_factory=LayerStats)
+    profile: dict | None = None
+    """The data of the latest ``profile`` event: steps, device, top ops, trace, error."""
+    profile_pending: str | None = None
+    """What is being profiled (``profiling steps 41-45``) between the request and its report."""
+    profile_note: str | None = None
+    """Why the latest profile request came to nothing (refused), shown above the last report."""
+    oom: dict | None = None
+    """The data of the latest ``oom`` event: error, remedies, allocator summary."""
+    hint: str | None = None
+    """The latest ``hint`` (input-bound advice), shown under the step-time breakdown."""
+    pause_reason: str | None = None
+    """Why the engine paused the run by itself (an anomaly), until it runs again."""
 
     @property
     def ended(self) -> bool:
@@ -249,9 +264,24 @@ class RunState:
             self.get(name).extend(s, v)
         self.add_walls(steps, walls)
 
+    def add_layers(self, msg: Layers) -> None:
+        """Fold per-parameter gradient statistics in (rank 0, like the charts)."""
+        if msg.rank == 0:
+            self.layers.add(msg)
+
+    def set_status(self, status: Status) -> None:
+        """Take a new status; a run that leaves its pause is no longer paused by an anomaly."""
+        if self.status is not None and self.status.state == "paused" and status.state != "paused":
+            self.pause_reason = None
+        self.status = status
+
     def add_ack(self, ack: Ack, command_text: str) -> EventLine:
         """Record an ack; ``command_text`` says what the command was ("clip 0.5")."""
         self.seen_commands.add(ack.id)
+        if ack.name == "profile" and ack.ok:
+            self.profile_pending = f"{ack.message}…" if ack.message else self.profile_pending
+        elif ack.name == "profile":
+            self.profile_pending, self.profile_note = None, f"profile refused: {ack.message}"
         if ack.ok:
             where = f"step {ack.step} " if ack.step is not None else ""
             line = EventLine(time.time(), ack.step, f"{where}{command_text} applied", "ok")
@@ -265,19 +295,39 @@ class RunState:
         get = event.get if isinstance(event, dict) else lambda k, d=None: getattr(event, k, d)
         data = get("data") or {}
         kind, message = get("kind"), get("message")
-        command_id = data.get("id") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            data = {}
+        self._note(kind, message, data)
+        command_id = data.get("id")
         if kind == "command" and command_id is not None:
             if command_id in self.seen_commands:
                 return None
             self.seen_commands.add(command_id)
-        level = {"anomaly": "error", "warning": "warning", "checkpoint": "ok"}.get(kind, "info")
-        if kind == "command" and isinstance(data, dict) and data.get("ok") is False:
+        level = EVENT_LEVELS.get(kind, "info")
+        if (kind == "command" and data.get("ok") is False) or (kind == "profile" and data.get("error")):
             level = "error"
         step = get("step")
         where = f"step {step} " if step is not None else ""
         line = EventLine(get("wall") or time.time(), step, f"{where}{kind}: {message}", level)
         self.events.append(line)
         return line
+
+    def _note(self, kind: str, message: str, data: dict) -> None:
+        """Keep what the Profiler and System tabs and the header show of an event."""
+        if kind == "profile":
+            self.profile, self.profile_pending, self.profile_note = data, None, None
+        elif kind == "command" and data.get("name") == "profile" and data.get("ok"):
+            self.profile_pending = f"{message.partition(': ')[2] or 'profiling'}…"
+        elif kind == "oom":
+            self.oom = data
+        elif kind == "hint":
+            self.hint = message
+        elif kind == "anomaly" and data.get("action") == "pause":
+            self.pause_reason = f"non-finite gradient in {data.get('layer') or 'the loss'}"
+
+
+EVENT_LEVELS = {"anomaly": "error", "oom": "error", "warning": "warning", "hint": "warning", "checkpoint": "ok"}
+"""How loud each event kind is in the events pane."""
 
 
 # ------------------------------------------------------------------------- formatting

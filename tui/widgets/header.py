@@ -64,6 +64,9 @@ class RunHeader(Widget):
     connection: reactive[str] = reactive("connecting…", layout=False)
     """A short note on the link to the engine; shown unless it is simply live."""
 
+    pause_reason: reactive[str | None] = reactive(None, layout=False)
+    """Why the engine paused the run by itself (an anomaly); shown while it is paused."""
+
     def on_mount(self) -> None:
         # Elapsed time and ETA move on their own; one redraw a second while the run is live.
         self._clock = self.set_interval(1.0, self.refresh)
@@ -81,6 +84,8 @@ class RunHeader(Widget):
         status = self.status
         out: list[tuple[int, Text]] = [(5, Text(f" {self.run_name} ", "bold reverse"))]
         out.append((9, Text(f" {state_text(status)} ", STATE_STYLES.get(status.state if status else "starting", ""))))
+        if self.pause_reason and status is not None and status.state == "paused":
+            out.append((8, Text(self.pause_reason, "bold red")))
         if status is not None:
             total = f"/{status.total_steps:,}" if status.total_steps else ""
             out.append((8, Text.assemble(("step ", "dim"), (f"{status.step:,}{total}", "bold"))))

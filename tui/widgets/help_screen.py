@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -22,7 +23,8 @@ class HelpScreen(ModalScreen[None]):
         align: center middle;
     }
     HelpScreen > Vertical {
-        width: 60;
+        width: 84;
+        max-width: 100%;
         height: auto;
         max-height: 90%;
         padding: 1 2;
@@ -37,11 +39,18 @@ class HelpScreen(ModalScreen[None]):
         self.note = note
 
     def compose(self) -> ComposeResult:
+        # Two columns of keys, so every key fits on an 80x24 terminal.
         table = Table.grid(padding=(0, 2))
-        table.add_column(style="bold")
-        table.add_column()
-        for key, description, enabled in self.rows:
-            table.add_row(key, description, style="" if enabled else "dim")
+        for _ in range(2):
+            table.add_column(style="bold", no_wrap=True)
+            table.add_column(no_wrap=True)
+        half = (len(self.rows) + 1) // 2
+        for left, right in zip(self.rows[:half], self.rows[half:] + [("", "", True)]):
+            cells = []
+            for key, description, enabled in (left, right):
+                style = "" if enabled else "dim"
+                cells += [Text(key, style), Text(description, style)]
+            table.add_row(*cells)
         with Vertical():
             yield Static("[b]ptdash keys[/b]")
             yield Static(table)

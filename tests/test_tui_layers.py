@@ -1,0 +1,206 @@
+"""The Layers tab: pure per-parameter state, stored records, and the table through Pilot.
+
+The Pilot test runs a 500-parameter run: 125 stored records read on attach, then live
+``Layers`` messages through the real ``transport.Server`` (``tui_fixtures.FakeEngine``).
+It checks what the table shows (order, filter, selection) and prints how long a
+500-row update takes; the timing is reported, not asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_tui_app import screen_text, until  # noqa: E402
+from tui_fixtures import EXPLODING, LAYER_COUNT, VANISHING, FakeEngine, layer_names, make_run  # noqa: E402
+
+from ptdash.protocol import Layers  # noqa: E402
+from ptdash.store import STORE_NAME, StoreReader  # noqa: E402
+from ptdash.tui.bars import bar, sparkline, stacked  # noqa: E402
+from ptdash.tui.layers import LayerStats, combine, module_of, natural_key, select  # noqa: E402
+from ptdash.tui.source import LiveSource, load_layers  # noqa: E402
+from ptdash.tui.app import make_app  # noqa: E402
+from ptdash.tui.widgets.layers_view import LayersView  # noqa: E402
+
+
+def stats_of(*messages: Layers) -> LayerStats:
+    stats = LayerStats(history=5)
+    for msg in messages:
+        stats.add(msg)
+    return stats
+
+
+NAMES = ["enc.0.weight", "enc.0.bias", "enc.10.weight", "enc.2.weight", "head.weight"]
+
+
+# ------------------------------------------------------------------------ pure state
+
+
+def test_layer_stats_keep_names_history_and_last_ratio():
+    stats = stats_of(
+        Layers(step=1, grad_norms=[1.0, 2.0, 3.0, 4.0, 5.0], names=NAMES, shapes=[[4, 4], [4], [4, 4], [4, 4], [2, 4]],
+               update_ratios=[0.1] * 5),
+        *[Layers(step=s, grad_norms=[float(s), None, 3.0, 4.0, 5.0], flags={"1": "nonfinite"}) for s in range(2, 9)],
+    )
+    assert stats.names == NAMES and stats.step == 8
+    assert list(stats.steps) == [4, 5, 6, 7, 8]  # a ring of the last 5
+    assert list(stats.norms[0]) == [4.0, 5.0, 6.0, 7.0, 8.0]
+    assert stats.ratios == [0.1] * 5  # None in between keeps the last sampled ratios
+    rows = {r.name: r for r in stats.rows()}
+    assert rows["enc.0.bias"].norm is None and rows["enc.0.bias"].flag == "nonfinite"
+    assert rows["enc.0.weight"].shape == "4×4"
+    # An older step is ignored.
+    stats.add(Layers(step=3, grad_norms=[0.0] * 5))
+    assert stats.step == 8 and stats.norms[0][-1] == 8.0
+
+
+def test_layer_stats_rename_keeps_history_of_parameters_that_stay():
+    stats = stats_of(Layers(step=1, grad_norms=[1.0, 2.0], names=["a.w", "b.w"]),
+                     Layers(step=2, grad_norms=[1.5, 2.5]))
+    stats.add(Layers(step=3, grad_norms=[3.0, 9.0, 2.7], names=["b.w", "c.w", "a.w"]))
+    assert stats.names == ["b.w", "c.w", "a.w"]
+    assert list(stats.norms[0]) == [2.0, 2.5, 3.0]
+    assert list(stats.norms[1]) == [None, None, 9.0]
+    # A list of another length without names gets numbered names until names come.
+    stats.add(Layers(step=4, grad_norms=[1.0]))
+    assert stats.names == ["param0"]
+
+
+def test_modules_combine_norms_and_take_the_loudest_flag():
+    stats = stats_of(Layers(step=1, grad_norms=[3.0, 4.0, 1.0, 2.0, 0.5], names=NAMES,
+                            update_ratios=[0.1, 0.3, None, 0.2, 0.1], flags={"0": "vanishing", "1": "exploding"}))
+    assert module_of("enc.0.weight") == "enc.0" and module_of("scale") == "scale"
+    rows = {r.name: r for r in stats.rows(grouped=True)}
+    assert set(rows) == {"enc.0", "enc.10", "enc.2", "head"}
+    assert rows["enc.0"].norm == 5.0 and rows["enc.0"].ratio == 0.3 and rows["enc.0"].flag == "exploding"
+    assert rows["enc.0"].shape == "2 tensors"
+    assert combine([3.0, None]) is None
+    steps, norms = stats.history_of("enc.0", grouped=True)
+    assert steps == [1] and norms == [5.0]
+    assert stats.history_of("nope") == ([], [])
+
+
+def test_select_sorts_and_filters():
+    stats = stats_of(Layers(step=1, grad_norms=[1.0, None, 30.0, 2.0, 0.5], names=NAMES,
+                            update_ratios=[0.1, 0.3, 0.2, None, 0.05], flags={"1": "nonfinite", "4": "vanishing"}))
+    rows = stats.rows()
+    assert [r.name for r in select(rows, sort="name")] == [
+        "enc.0.bias", "enc.0.weight", "enc.2.weight", "enc.10.weight", "head.weight"]
+    assert [r.name for r in select(rows, sort="norm")] == [
+        "enc.0.bias", "enc.10.weight", "enc.2.weight", "enc.0.weight", "head.weight"]  # NaN first
+    assert [r.name for r in select(rows, sort="ratio")][:2] == ["enc.0.bias", "enc.10.weight"]
+    assert [r.name for r in select(rows, sort="ratio")][-1] == "enc.2.weight"  # never sampled: last
+    assert [r.flag for r in select(rows, sort="flag")][:2] == ["nonfinite", "vanishing"]
+    assert [r.name for r in select(rows, "ENC weight", "name")] == ["enc.0.weight", "enc.2.weight", "enc.10.weight"]
+    assert select(rows, "nothing-matches") == []
+    assert sorted(["b10", "b9", "a"], key=natural_key) == ["a", "b9", "b10"]
+
+
+def test_sparkline_and_bars():
+    line = sparkline([1.0, 2.0, None, 4.0], 6)
+    assert line.plain == "  ▁▃×█" and len(line) == 6
+    assert sparkline([5.0, 5.0], 3).plain == " ▄▄"
+    assert sparkline([1e-3, 1e-2, 1e-1], 3, log=True).plain == "▁▅█"
+    assert bar(0.5, 10).plain == "█████░░░░░"
+    assert bar(None, 4).plain == "░░░░"
+    assert bar(2.0, 4).plain == "████"
+    assert stacked([(0.25, "a"), (0.25, "b"), (None, "c")], 8).plain == "████░░░░"
+    assert stacked([(0.01, "a")], 8).plain[0] != "░"  # a sliver, never nothing
+
+
+def test_load_layers_finds_names_stored_before_the_window(tmp_path):
+    run_dir = make_run(tmp_path, steps=200, layers=20)
+    with StoreReader(run_dir / STORE_NAME) as reader:
+        records = load_layers(reader, limit=10)
+    assert [r.step for r in records] == list(range(164, 201, 4))
+    assert records[0].names == layer_names(20)  # from step 4's record, outside the window
+    assert all(r.names is None for r in records[1:])
+    assert records[-1].update_ratios is not None  # step 200 sampled ratios
+
+
+def test_live_layers_without_names_get_the_stored_ones(tmp_path):
+    run_dir = make_run(tmp_path, steps=40, layers=20)
+    source = LiveSource(run_dir)
+    named = source._named(Layers(step=41, grad_norms=[1.0] * 20))
+    assert named.names == layer_names(20)
+    assert source._named(Layers(step=42, grad_norms=[1.0] * 20)).names is None  # known by now
+
+
+# ----------------------------------------------------------------------------- Pilot
+
+
+def test_layers_tab_with_500_parameters(tmp_path):
+    run_dir = make_run(tmp_path, steps=500, status="running", layers=LAYER_COUNT)
+    names = layer_names()
+
+    async def scenario(engine: FakeEngine):
+        app = make_app(LiveSource(run_dir), redraw_hz=20)
+        async with app.run_test(size=(120, 36)) as pilot:
+            view = app.query_one(LayersView)
+            await until(pilot, lambda: app.source.can_control and app.state.layers.step == 500, what="history")
+            await pilot.press("2")
+            await until(pilot, lambda: len(view.rows) == LAYER_COUNT, what="500 rows")
+            text = screen_text(app)
+            assert "500 parameters" in text and "blocks.0.attn.proj.bias" in text  # names from the store
+            assert [r.name for r in view.rows][:2] == ["blocks.0.attn.proj.bias", "blocks.0.attn.proj.weight"]
+
+            # Sort by grad norm: the exploding parameter leads, the rest in falling order.
+            await pilot.press("o")
+            await until(pilot, lambda: view.sort == "norm" and view.rows[0].name == names[EXPLODING], what="norm sort")
+            norms = [r.norm for r in view.rows if r.norm is not None]
+            assert norms == sorted(norms, reverse=True)
+            await until(pilot, lambda: names[EXPLODING] in screen_text(app).splitlines()[5], what="first row")
+
+            # A live record (no names: the engine sent them long ago) moves the table.
+            timings = []
+            for _ in range(3):
+                engine.step(4)
+                engine.layers()
+                step = engine.status.step
+                await until(pilot, lambda: view.stats.step == step and view._seen_version == view.stats.version,
+                            what=f"live step {step}")
+                started = time.perf_counter()
+                screen_text(app)  # a full repaint of the screen, as a terminal would get it
+                timings.append((view.last_update_s, time.perf_counter() - started))
+            assert view.rows[0].name == names[EXPLODING] and math.isclose(view.rows[0].norm, 500.0 + step)
+            for update, paint in timings:
+                print(f"\n500-row layers update {update * 1000:.1f} ms + full repaint {paint * 1000:.1f} ms")
+
+            # Flags sort: exploding (red) above vanishing (yellow).
+            await pilot.press("o", "o")
+            await until(pilot, lambda: view.sort == "flag", what="flag sort")
+            assert [r.name for r in view.rows[:2]] == [names[EXPLODING], names[VANISHING]]
+            assert [r.flag for r in view.rows[:2]] == ["exploding", "vanishing"]
+
+            # Filter by name, then select a row: its history is charted below the table.
+            await pilot.press("slash", *"mlp.fc.w", "enter")
+            expected = sorted(n for n in names if "mlp.fc.w" in n)
+            await until(pilot, lambda: len(view.rows) == len(expected), what="filtered rows")
+            assert sorted(r.name for r in view.rows) == expected
+            assert f"{len(expected)}/500 parameters" in screen_text(app)
+            await pilot.press("o")  # back to name order, cursor on the first row
+            await until(pilot, lambda: view.sort == "name", what="name sort")
+            await pilot.press("down", "enter")
+            chosen = sorted(expected, key=natural_key)[1]
+            await until(pilot, lambda: view.selected == chosen, what="selection")
+            await until(pilot, lambda: f"grad norm of  {chosen}" in screen_text(app), what="chart title")
+            steps, values = view.stats.history_of(chosen)
+            assert len(steps) == len(values) > 100  # stored history and live records together
+            assert any(c in screen_text(app) for c in "⠁⠂⠄⡀⢀⠈⠐⠠"), "no chart drawn"
+            await pilot.press("escape")
+            await until(pilot, lambda: view.selected is None, what="chart closed")
+
+            # Modules: parameters grouped by their prefix, norms combined.
+            await pilot.press("m")
+            await until(pilot, lambda: view.grouped and "modules" in screen_text(app), what="modules")
+            assert all(r.name.endswith("mlp.fc") for r in view.rows)
+        return timings
+
+    with FakeEngine(run_dir, step=500) as engine:
+        timings = asyncio.run(asyncio.wait_for(scenario(engine), 60))
+    assert len(timings) == 3

@@ -1,0 +1,229 @@
+"""What the System tab shows: host and GPU readings, the step-time split, the last OOM.
+
+Pure functions from RunState to Rich renderables (no Textual), tested without an app.
+Every reading may be missing (no NVML, no CUDA yet, an old engine): it then reads "N/A".
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from .bars import bar, sparkline, stacked
+from .state import RunState, fmt_bytes
+
+SPARK_WIDTH = 20
+"""Samples in each sparkline (the engine samples the system about once a second)."""
+
+STEP_WINDOW = 50
+"""Recent steps whose median makes the step-time split."""
+
+LABEL = 12
+
+_GPU = re.compile(r"^gpu(\d+)/")
+
+STEP_PARTS = (
+    ("time/data_s", "data", "yellow"),
+    ("time/compute_s", "forward+backward", "cyan"),
+    ("time/optim_s", "optimizer", "magenta"),
+)
+"""(series, label, colour) of each part of a step, in the order a step spends them."""
+
+
+def latest(state: RunState, name: str) -> float | None:
+    """The newest value of a series; None when it is missing or N/A."""
+    series = state.series.get(name)
+    return series.latest() if series is not None else None
+
+
+def recent(state: RunState, name: str, n: int = SPARK_WIDTH) -> list[float | None]:
+    series = state.series.get(name)
+    return series.values[-n:] if series is not None else []
+
+
+def gpu_indices(state: RunState) -> list[int]:
+    """The GPUs the engine reports on, by CUDA index."""
+    return sorted({int(m.group(1)) for name in state.series if (m := _GPU.match(name))})
+
+
+def fmt_ms(seconds: float | None) -> str:
+    """``12.3 ms``, ``1.25 s``; N/A for None."""
+    if seconds is None:
+        return "N/A"
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _pct(value: float | None) -> str:
+    return "N/A" if value is None else f"{value:.0f}%"
+
+
+def _line(label: str, *parts) -> Text:
+    return Text.assemble((f" {label:<{LABEL}}", "bold"), *parts, no_wrap=True, overflow="ellipsis")
+
+
+def _spark(state: RunState, name: str, style: str = "cyan") -> Text:
+    values = recent(state, name)
+    return sparkline(values, SPARK_WIDTH, style) if any(v is not None for v in values) else Text("")
+
+
+def _frac(part: float | None, whole: float | None) -> float | None:
+    return part / whole if part is not None and whole else None
+
+
+# -------------------------------------------------------------------------- host
+
+
+def host(state: RunState, width: int) -> list[Text]:
+    """Machine and engine CPU, the processes' memory and the machine's memory."""
+    bar_w = max(8, min(30, width - LABEL - SPARK_WIDTH - 24))
+    cpu = latest(state, "host/cpu_pct")
+    proc = latest(state, "host/proc_cpu_pct")
+    workers_cpu = latest(state, "host/workers_cpu_pct")
+    workers = latest(state, "host/workers")
+    used, total = latest(state, "host/mem_used_bytes"), latest(state, "host/mem_total_bytes")
+    lines = [Text(" host", "bold underline")]
+    lines.append(_line("CPU machine", bar(_frac(cpu, 100.0), bar_w, "green"), f" {_pct(cpu):>5}  ",
+                       _spark(state, "host/cpu_pct", "green")))
+    cores = f" ({proc / 100:.1f} cores)" if proc is not None else ""
+    engine = _line("CPU engine", (_pct(proc), "bold"), cores, "  ", _spark(state, "host/proc_cpu_pct", "cyan"))
+    if workers:
+        engine.append(f"  workers {_pct(workers_cpu)} ({int(workers)})")
+    lines.append(engine)
+    lines.append(_line("memory", bar(_frac(used, total), bar_w, "blue"),
+                       f" {fmt_bytes(used)} / {fmt_bytes(total)}  ", _spark(state, "host/mem_used_bytes", "blue")))
+    rss = _line("RSS", ("engine ", "dim"), (fmt_bytes(latest(state, "host/rss_bytes")), "bold"), "  ",
+                _spark(state, "host/rss_bytes", "blue"))
+    if workers:
+        rss.append("  workers ", "dim")
+        rss.append(fmt_bytes(latest(state, "host/workers_rss_bytes")), "bold")
+    lines.append(rss)
+    return lines
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+def gpu(state: RunState, i: int, width: int) -> list[Text]:
+    """One GPU: allocator memory against NVML's view, utilisation, heat, power, clocks."""
+    def get(metric: str) -> float | None:
+        return latest(state, f"gpu{i}/{metric}")
+
+    bar_w = max(8, min(40, width - LABEL - 40))
+    allocated, reserved, peak = get("mem_allocated_bytes"), get("mem_reserved_bytes"), get("mem_peak_bytes")
+    used, total = get("nvml_mem_used_bytes"), get("nvml_mem_total_bytes")
+    lines = [Text(f" gpu{i}", "bold underline")]
+    if total:
+        # Allocated inside reserved inside what NVML sees in use (other processes included).
+        parts = [(_frac(allocated, total), "green"),
+                 (_frac(max(0.0, (reserved or 0) - (allocated or 0)), total), "dark_green"),
+                 (_frac(max(0.0, (used or 0) - max(reserved or 0, allocated or 0)), total), "grey50")]
+        mem_bar = stacked(parts, bar_w)
+    else:
+        mem_bar = Text("N/A".ljust(bar_w), "dim")
+    lines.append(_line("memory", mem_bar, f" {fmt_bytes(used)} / {fmt_bytes(total)} (NVML)"))
+    lines.append(_line("", ("allocated ", "green"), (fmt_bytes(allocated), "bold"),
+                       ("  reserved ", "dark_green"), (fmt_bytes(reserved), "bold"),
+                       ("  peak ", "dim"), (fmt_bytes(peak), "bold"),
+                       ("  this process ", "dim"), fmt_bytes(get("proc_mem_bytes"))))
+    util = get("nvml_util_pct")
+    lines.append(_line("util", bar(_frac(util, 100.0), min(bar_w, 20), "green"), f" {_pct(util):>5}  ",
+                       _spark(state, f"gpu{i}/nvml_util_pct", "green")))
+    temp, power, limit = get("temperature_c"), get("power_w"), get("power_limit_w")
+    sm, mem = get("sm_clock_mhz"), get("mem_clock_mhz")
+    lines.append(_line("sensors", ("temp ", "dim"), "N/A" if temp is None else f"{temp:.0f}°C",
+                       ("  power ", "dim"), "N/A" if power is None else f"{power:.0f}",
+                       f" / {'N/A' if limit is None else f'{limit:.0f}'} W",
+                       ("  clocks ", "dim"), f"SM {'N/A' if sm is None else f'{sm:.0f}'} MHz",
+                       f", mem {'N/A' if mem is None else f'{mem:.0f}'} MHz"))
+    retries, ooms = get("alloc_retries"), get("ooms")
+    allocator = _line("allocator", ("retries ", "dim"), "N/A" if retries is None else f"{retries:.0f}",
+                      ("  OOMs ", "dim"), ("N/A" if ooms is None else f"{ooms:.0f}", "bold red" if ooms else ""))
+    if retries:
+        allocator.append("  fragmentation: the allocator freed its cache to retry; try "
+                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "yellow")
+    lines.append(allocator)
+    return lines
+
+
+# ---------------------------------------------------------------------- step time
+
+
+def step_split(state: RunState, window: int = STEP_WINDOW) -> dict[str, float | None]:
+    """Median seconds of each part of a step (and ``time/step_s``) over the last ``window`` steps."""
+    out = {}
+    for name in (*(n for n, _, _ in STEP_PARTS), "time/step_s"):
+        values = [v for v in recent(state, name, window) if v is not None]
+        out[name] = statistics.median(values) if values else None
+    return out
+
+
+def step_time(state: RunState, width: int) -> list[Text]:
+    """Where a step's time goes (data wait, forward+backward, optimizer), and any hint."""
+    split = step_split(state)
+    step = split["time/step_s"]
+    lines = [Text(f" step time  (median of the last {STEP_WINDOW} steps)", "bold underline")]
+    if all(v is None for v in split.values()):
+        lines.append(Text(" no step timings yet", "dim"))
+    elif all(split[n] is None for n, _, _ in STEP_PARTS):
+        lines.append(Text.assemble((" step ", "dim"), (fmt_ms(step), "bold"),
+                                   (" (no data / forward+backward / optimizer split recorded)", "dim")))
+    else:
+        whole = step or sum(v for v in split.values() if v is not None) or None
+        bar_w = max(10, min(60, width - 4))
+        lines.append(Text(" ") + stacked([(_frac(split[n], whole), style) for n, _, style in STEP_PARTS], bar_w))
+        legend = Text(" ")
+        for name, label, style in STEP_PARTS:
+            share = _frac(split[name], whole)
+            legend.append("■ ", style)
+            legend.append(f"{label} ", "dim")
+            legend.append(fmt_ms(split[name]), "bold")
+            legend.append(f" ({share:.0%})  " if share is not None else "  ", "dim")
+        legend.append("step ", "dim")
+        legend.append(fmt_ms(step), "bold")
+        lines.append(legend)
+    if state.hint:
+        lines.append(Text(f" hint: {state.hint}", "yellow"))
+    return lines
+
+
+# ---------------------------------------------------------------------------- OOM
+
+
+def oom(state: RunState) -> list[Text]:
+    """The latest out-of-memory report: the error and what to try."""
+    data = state.oom
+    if not data:
+        return []
+    lines = [Text(" out of memory", "bold red underline"),
+             Text(f" {data.get('error') or 'CUDA out of memory'}", "red")]
+    for i, remedy in enumerate(data.get("remedies") or [], 1):
+        lines.append(Text(f" {i}. {remedy}"))
+    if data.get("snapshot"):
+        lines.append(Text(f" memory snapshot: {data['snapshot']} (open at pytorch.org/memory_viz)", "dim"))
+    return lines
+
+
+def report(state: RunState, width: int) -> RenderableType:
+    """The whole System tab."""
+    lines = host(state, width)
+    indices = gpu_indices(state)
+    lines.append(Text(""))
+    if indices:
+        for i in indices:
+            lines += gpu(state, i, width) + [Text("")]
+    else:
+        lines += [Text(" no CUDA device", "dim"), Text("")]
+    lines += step_time(state, width)
+    if state.oom:
+        lines += [Text("")] + oom(state)
+    return Group(*lines)
+
+
+def versions(state: RunState) -> tuple:
+    """A cheap fingerprint of everything ``report`` reads, to skip unchanged redraws."""
+    return (tuple((n, s.version) for n, s in state.series.items() if n.startswith(("host/", "gpu", "time/"))),
+            state.hint, id(state.oom))
+
