@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -105,7 +106,8 @@ class StoreWriter:
         # NORMAL in WAL mode: a crash of the process loses nothing committed; a power loss
         # may lose the last transactions but never corrupts the file.
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        # One transaction: a reader never sees some of the tables without the others.
+        self._db.executescript(f"BEGIN; {_SCHEMA} COMMIT;")
         self._name_ids: dict[str, int] = dict(
             (name, id_) for id_, name in self._db.execute("SELECT id, name FROM names")
         )
@@ -246,23 +248,60 @@ class StoreReader:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self.damage: StoreError | None = None
+        """The first damage met, as one line; None while everything read was whole."""
+        self._cut: str | None = None
+        self._cut_only = False
         if not self.path.exists():
             raise StoreError(f"no metrics store at {self.path}")
-        # Not mode=ro: a read-only connection cannot create the WAL index of a store whose
-        # writer died, and the reader then sees nothing.
-        self._db = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, check_same_thread=False,
-                                   isolation_level=None)
+        try:
+            self._db = self._connect()
+        except OSError as exc:
+            raise StoreError(f"{self.path.name} is unreadable: {exc.strerror or exc}") from None
         try:
             self._db.execute("PRAGMA query_only=1")
             # Check each cell's size against its page: damage is reported, not misread.
             self._db.execute("PRAGMA cell_size_check=1")
+            # A file shorter than its header says is refused whole unless the schema is
+            # "writable"; with it, the pages that are there read and the missing ones
+            # report damage where they are needed. query_only still forbids any write.
+            self._db.execute("PRAGMA writable_schema=1")
             tables = {n for (n,) in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             self._db.execute("SELECT count(*) FROM names").fetchone()
         except sqlite3.DatabaseError as exc:
             self._db.close()
-            raise StoreError(f"{self.path.name} is unreadable: {exc}") from None
+            raise StoreError(f"{self.path.name} is unreadable: {exc}" + (f" ({self._cut})" if self._cut else "")) from None
         self._summary = "summary" in tables
         """Stores written before the summary table existed are decimated from raw rows."""
+        if self._cut:
+            self._damaged(None, "")
+
+    def _connect(self) -> sqlite3.Connection:
+        """A connection to the store; to its whole pages only when the file ends inside a page.
+
+        SQLite reads the missing end of a page as zeros, which can turn the last bytes of
+        a value into other digits without any error. SQLite always writes whole pages, so
+        a file cut inside one is damaged: its whole pages are read into memory instead and
+        the torn page reads as missing, which SQLite reports.
+        """
+        with open(self.path, "rb") as f:
+            header = f.read(100)
+            size = os.fstat(f.fileno()).st_size
+            page = int.from_bytes(header[16:18], "big") if len(header) == 100 else 0
+            page = 65536 if page == 1 else page
+            if header.startswith(b"SQLite format 3\0") and page >= 512 and size % page:
+                whole = size - size % page
+                self._cut = f"the file ends inside page {whole // page + 1}, at byte {size}"
+                if not whole:
+                    raise StoreError(f"{self.path.name} is unreadable: {self._cut}")
+                data = bytearray(header + f.read(whole - len(header)))
+                data[18] = data[19] = 1  # an in-memory copy cannot be in WAL mode
+                db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+                db.deserialize(bytes(data))
+                return db
+        # Not mode=ro: a read-only connection cannot create the WAL index of a store whose
+        # writer died, and the reader then sees nothing.
+        return sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, check_same_thread=False,
+                               isolation_level=None)
 
     def close(self) -> None:
         self._db.close()
@@ -278,10 +317,18 @@ class StoreReader:
         if self.damage is not None:
             raise self.damage
 
-    def _damaged(self, exc: BaseException, what: str) -> None:
-        if self.damage is None:
-            self.damage = StoreError(f"{self.path.name} is damaged {what}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
-            log.warning("%s", self.damage)
+    def _damaged(self, exc: BaseException | None, where: str, read: str = "") -> None:
+        """Keep the first damage met (a torn last page alone gives way to what it broke)."""
+        if self.damage is not None and not self._cut_only:
+            return
+        self._cut_only = exc is None
+        if exc is None:
+            self.damage = StoreError(f"{self.path.name} is damaged: {self._cut}")
+        else:
+            text = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.damage = StoreError(f"{self.path.name} is damaged {where}: {text}{read}"
+                                     + (f" ({self._cut})" if self._cut else ""))
+        log.info("%s", self.damage)
 
     @contextmanager
     def _snapshot(self):
@@ -341,7 +388,7 @@ class StoreReader:
         try:
             with self._snapshot():
                 pairs = self._series(name, rank, max_points, after_step)
-        except sqlite3.DatabaseError:
+        except (sqlite3.DatabaseError, TypeError, ValueError, OverflowError):
             pairs = self._salvage(name, rank, max_points, after_step)
         steps, values = [], []
         for step, value in pairs:
@@ -426,10 +473,11 @@ class StoreReader:
                 last, count = step, count + 1
         except sqlite3.DatabaseError as exc:
             where = f"after step {last}" if last is not None else "before its first step"
-            self._damaged(exc, f"{where} of {name!r}; {count} steps were read")
+            self._damaged(exc, f"{where} of {name!r}", f"; {count} steps were read")
         else:
             # The raw rows read whole: only the summary was damaged.
-            self._damaged(StoreError("its summary table is unreadable"), f"(series {name!r} read in full)")
+            self._damaged(StoreError("its summary table is unreadable"), f"in the summary of {name!r}",
+                          f"; all {count} steps were read")
         return decimator.points() if decimator is not None else out
 
     def latest(self, rank: int = 0) -> tuple[int | None, dict[str, float | None]]:
@@ -454,7 +502,7 @@ class StoreReader:
                     walls.append(wall)
         except sqlite3.DatabaseError as exc:
             where = f"after step {steps[-1]}" if steps else "before its first step"
-            self._damaged(exc, f"{where} (step times); {len(steps)} steps were read")
+            self._damaged(exc, f"{where} of the step times", f"; {len(steps)} steps were read")
         return steps, walls
 
     def events(self, after_id: int = 0) -> list[dict]:
