@@ -1,0 +1,147 @@
+"""The product in a real terminal: tmux runs `ptdash`, send-keys types, capture-pane reads."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+
+import pytest
+
+from ptdash import rundir
+from ptdash.store import StoreReader
+
+from runner import ENV, SCRIPTS
+from tmux import Terminal, require_tmux
+
+PTDASH = f"{sys.executable} -m ptdash.tui.cli"
+TERM_ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TERM": "xterm-256color"}
+
+
+@pytest.fixture
+def term(request):
+    require_tmux()
+    t = Terminal(request.node.name[:20])
+    yield t
+    t.close()
+
+
+def last_step(run_dir) -> int:
+    try:
+        with StoreReader(run_dir / "metrics.db") as s:
+            return s.last_step() or 0
+    except Exception:
+        return 0
+
+
+def wait_until(predicate, timeout=60, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def kill_engine(run_dir) -> None:
+    import os
+    import signal
+    pid = rundir.read_info(run_dir).get("pid")
+    if pid and rundir.pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_demo_pause_resume_controls_and_leave_running(term, tmp_path):
+    run_dir = tmp_path / "run"
+    term.start("main", f"{PTDASH} --run-dir {run_dir} demo --steps 100000 --n-layer 1 --n-embd 32 "
+                       f"--block-size 32 --batch-size 8", tmp_path, env=TERM_ENV)
+    try:
+        term.wait_for("main", "running", 90)
+        wait_until(lambda: last_step(run_dir) >= 3, 90, "the demo to step")
+        screen = term.wait_for("main", "loss")
+        assert "learning rate" in screen and "grad norm" in screen
+
+        # space pauses at a step boundary; the step counter stops.
+        term.keys("main", "Space")
+        screen = term.wait_for("main", "paused at step", 30)
+        held = int(re.search(r"paused at step (\d+)", screen).group(1))
+        time.sleep(1.5)
+        assert last_step(run_dir) == held
+        term.keys("main", "Space")
+        wait_until(lambda: last_step(run_dir) > held + 2, 30, "training to resume")
+
+        # c saves a checkpoint now.
+        term.keys("main", "c")
+        term.wait_for("main", "saved", 30)
+        assert list((run_dir / "checkpoints").glob("step-*.pt"))
+
+        # g with a bad value shows the error and sends nothing; a good one is applied.
+        term.keys("main", "g")
+        term.wait_for("main", "Gradient clip norm", 10)
+        time.sleep(0.3)
+        term.type("main", "-1")  # the current value is selected: typing replaces it
+        term.keys("main", "Enter")
+        term.wait_for("main", "finite number > 0", 10)
+        term.keys("main", "Escape")  # cancel, and nothing was sent
+        time.sleep(0.5)
+        term.keys("main", "g")
+        term.wait_for("main", "Gradient clip norm", 10)
+        time.sleep(0.3)
+        term.type("main", "0.5")
+        term.keys("main", "Enter")
+        term.wait_for("main", "-> 0.5", 30)
+
+        # l sets the LR factor.
+        term.keys("main", "l")
+        term.wait_for("main", "LR factor", 10)
+        time.sleep(0.3)
+        term.type("main", "0.5")
+        term.keys("main", "Enter")
+        term.wait_for("main", "LR factor 1 -> 0.5", 30)
+
+        # q, then "leave running": the dashboard exits, training goes on.
+        term.keys("main", "q")
+        term.wait_for("main", "Leave running", 10)
+        term.keys("main", "l")
+        term.wait_for("main", "Training continues in the background", 20)
+        before = last_step(run_dir)
+        wait_until(lambda: last_step(run_dir) > before + 3, 60, "training to continue after detach")
+        events = [e["message"] for e in StoreReader(run_dir / "metrics.db").events()]
+        assert any("clip norm" in m and "0.5" in m for m in events)
+        assert any("refused" in m for m in events) is False  # the bad value never reached the engine
+
+        # s (stop) from a re-attached dashboard ends the run cleanly.
+        term.start("again", f"{PTDASH} attach {run_dir}", tmp_path, env=TERM_ENV)
+        term.wait_for("again", "running", 30)
+        term.keys("again", "s")
+        term.wait_for("again", "Stop cleanly", 10)
+        term.keys("again", "s")
+        wait_until(lambda: rundir.read_info(run_dir).get("status") == "stopped", 60, "a clean stop")
+        assert list((run_dir / "checkpoints").glob("step-*.pt"))
+    finally:
+        kill_engine(run_dir)
+
+
+def test_killing_the_terminal_keeps_training_and_attach_catches_up(term, tmp_path):
+    run_dir = tmp_path / "run"
+    term.start("main", f"{PTDASH} --run-dir {run_dir} {SCRIPTS / 'steady.py'} --sleep 0.02", tmp_path,
+               env=TERM_ENV)
+    try:
+        term.wait_for("main", "running", 60)
+        wait_until(lambda: last_step(run_dir) >= 5, 60, "steps")
+        term.kill_session("main")  # the terminal is gone, like a dropped SSH connection
+        at_kill = last_step(run_dir)
+        wait_until(lambda: last_step(run_dir) > at_kill + 20, 30, "training to continue without a terminal")
+        assert rundir.read_info(run_dir)["status"] == "running"
+
+        term.start("back", f"{PTDASH} attach", tmp_path, env=TERM_ENV)
+        screen = term.wait_for("back", "running", 30)
+        assert "loss" in screen
+        term.keys("back", "Space")
+        screen = term.wait_for("back", "paused at step", 30)
+        held = int(re.search(r"paused at step (\d+)", screen).group(1))
+        assert held > at_kill  # the whole history is there and the step kept growing
+        time.sleep(1.0)
+        assert last_step(run_dir) == held
+    finally:
+        kill_engine(run_dir)
