@@ -99,16 +99,16 @@ async def _drawn(run_dir: Path) -> tuple[float, str]:
     from ptdash.tui.app import make_app
     from ptdash.tui.source import ReplaySource
     from ptdash.tui.widgets.chart_panel import ChartPanel
+    from ptdash.tui.widgets.overview import Overview
 
     t0 = time.perf_counter()
     app = make_app(ReplaySource(run_dir))
     async with app.run_test(size=(120, 36)) as pilot:
-        panels = list(app.query(ChartPanel))
-        while not panels or not all(p.chart.lines and p.chart.lines[0].steps for p in panels):
+        panels = list(app.query_one(Overview).query(ChartPanel))
+        while not all(p.chart.lines and p.chart.lines[0].steps for p in panels):
             if time.perf_counter() - t0 > 60:
                 raise SystemExit("the charts were not drawn within 60 s")
             await pilot.pause(0.01)
-            panels = list(app.query(ChartPanel))
         await pilot.pause()  # one refresh: the charts are on screen
         seconds = time.perf_counter() - t0
         last = max(p.chart.lines[0].steps[-1] for p in panels)

@@ -446,11 +446,18 @@ class StoreReader:
                 points[head[0]], points[head[2]] = head[1], head[3]
             first, groups = first + 1, max(1, groups - 1)
         per_group = max(1, math.ceil((last - first + 1) / groups))
-        query = ("SELECT (bucket - ?) / ? AS g, {step}, {agg}({value}) FROM summary "
-                 "WHERE level = ? AND name_id = ? AND rank = ? AND bucket BETWEEN ? AND ? GROUP BY g")
-        args = (first, per_group, level, name_id, rank, first, last)
-        points.update((s, v) for _, s, v in self._db.execute(query.format(step="lo_step", agg="min", value="lo"), args))
-        points.update((s, v) for _, s, v in self._db.execute(query.format(step="hi_step", agg="max", value="hi"), args))
+        group = merged = None
+        for index, lo_step, lo_value, hi_step, hi_value in self._db.execute(
+                "SELECT bucket, lo_step, lo, hi_step, hi FROM summary "
+                "WHERE level = ? AND name_id = ? AND rank = ? AND bucket BETWEEN ? AND ? ORDER BY bucket",
+                (level, name_id, rank, first, last)):
+            if (index - first) // per_group != group:
+                if merged is not None:
+                    points[merged[0]], points[merged[2]] = merged[1], merged[3]
+                group, merged = (index - first) // per_group, None
+            merged = merge_point(merge_point(merged, lo_step, lo_value), hi_step, hi_value)
+        if merged is not None:
+            points[merged[0]], points[merged[2]] = merged[1], merged[3]
         return sorted(points.items())
 
     def _salvage(self, name: str, rank: int, max_points: int | None, after_step: int | None) -> list:
@@ -486,8 +493,9 @@ class StoreReader:
         if step is None:
             return None, {}
         rows = self._rows(
-            "SELECT n.name, s.value FROM scalars s JOIN names n ON n.id = s.name_id "
-            "WHERE s.rank = ? AND s.step = ?", (rank, step), f"at step {step}")
+            # CROSS JOIN keeps names as the outer loop: one key lookup per name, no scan.
+            "SELECT n.name, s.value FROM names n CROSS JOIN scalars s ON s.name_id = n.id "
+            "AND s.rank = ? AND s.step = ?", (rank, step), f"at step {step}")
         return step, {n: _number(v) for n, v in rows if isinstance(n, str)}
 
     def walls(self, rank: int = 0, after_step: int | None = None) -> tuple[list[int], list[float]]:
