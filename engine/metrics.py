@@ -36,8 +36,27 @@ def grad_norms(grads: list[torch.Tensor], norm_type: float = 2.0,
     total = torch.linalg.vector_norm(stacked, norm_type)
     per_tensor = stacked.float()
     if order != sorted(order):
-        per_tensor = per_tensor[torch.argsort(torch.tensor(order, device=first_device))]
+        per_tensor = per_tensor[_inverse_permutation(tuple(order), first_device)]
     return per_tensor, total
+
+
+_PERMUTATIONS: dict[tuple, torch.Tensor] = {}
+
+
+def _inverse_permutation(order: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The index that puts per-group norms back in the caller's order, cached on device.
+
+    Built once per layout; the copy to the GPU goes through pinned memory without
+    blocking, because a plain host-to-device copy is a synchronisation.
+    """
+    key = (order, device)
+    index = _PERMUTATIONS.get(key)
+    if index is None:
+        host = torch.argsort(torch.tensor(order))
+        if device.type == "cuda":
+            host = host.pin_memory()
+        index = _PERMUTATIONS[key] = host.to(device, non_blocking=True)
+    return index
 
 
 @torch.no_grad()
