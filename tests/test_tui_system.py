@@ -87,7 +87,10 @@ def test_step_split_medians_and_hint():
     assert split["time/data_s"] == 0.06 and split["time/step_s"] == 0.1
     state.hint = "input-bound: 60% of each step is spent waiting for data; try more DataLoader workers"
     text = text_of(system.report(state, 100))
-    assert "data 60.0 ms (60%)" in text and "forward+backward 30.0 ms" in text and "optimizer 10.0 ms" in text
+    parts = {line.split()[1]: line for line in text.splitlines() if line.strip().startswith("■")}
+    assert "60.0 ms" in parts["data"] and "60%" in parts["data"]
+    assert "30.0 ms" in parts["forward+backward"] and "10.0 ms" in parts["optimizer"]
+    assert "step 100.0 ms" in text
     assert "hint: input-bound" in text
 
 

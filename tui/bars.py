@@ -61,15 +61,23 @@ EMPTY = "░"
 
 def bar(fraction: float | None, width: int, style: str = "green", empty: str = "grey37") -> Text:
     """A horizontal bar ``width`` cells wide filled to ``fraction`` (clamped to 0..1), in eighths."""
-    return stacked([(fraction or 0.0, style)], width, empty)
+    fraction = min(1.0, max(0.0, fraction)) if fraction is not None and math.isfinite(fraction) else 0.0
+    eighths = round(fraction * width * 8)
+    if fraction > 0:
+        eighths = max(1, eighths)  # a busy resource never reads as idle
+    full, rest = divmod(eighths, 8)
+    out = Text("█" * full, style)
+    if rest:
+        out.append(_EIGHTHS[rest], style)
+    out.append(EMPTY * (width - full - (1 if rest else 0)), empty)
+    return out
 
 
 def stacked(parts: Sequence[tuple[float | None, str]], width: int, empty: str = "grey37") -> Text:
     """Adjacent bar segments (fraction of the whole, style) filling ``width`` cells left to right.
 
-    Fractions are of the whole bar; their sum is clamped to 1. A segment too small for a
-    cell still shows as a thin sliver when it is above zero, so a busy resource never
-    reads as idle.
+    Fractions are of the whole bar; their sum is clamped to 1. Segments are whole cells
+    (eighths between colours read as noise), and one above zero gets at least one cell.
     """
     out = Text()
     used = 0
@@ -78,16 +86,10 @@ def stacked(parts: Sequence[tuple[float | None, str]], width: int, empty: str = 
         if fraction is None or not math.isfinite(fraction) or fraction <= 0:
             continue
         total = min(1.0, total + fraction)
-        end = round(total * width * 8)
-        eighths = max(1, end - used * 8)
-        full, rest = divmod(eighths, 8)
-        full = min(full, width - used)
-        if full:
-            out.append("█" * full, style)
-            used += full
-        if rest and used < width:
-            out.append(_EIGHTHS[rest], style)
-            used += 1
+        cells = min(width - used, max(1, round(total * width) - used))
+        if cells > 0:
+            out.append("█" * cells, style)
+            used += cells
     if used < width:
         out.append(EMPTY * (width - used), empty)
     return out

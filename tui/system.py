@@ -10,6 +10,7 @@ import re
 import statistics
 
 from rich.console import Group, RenderableType
+from rich.padding import Padding
 from rich.text import Text
 
 from .bars import bar, sparkline, stacked
@@ -64,6 +65,11 @@ def _line(label: str, *parts) -> Text:
     return Text.assemble((f" {label:<{LABEL}}", "bold"), *parts, no_wrap=True, overflow="ellipsis")
 
 
+def _note(text: str, style: str, indent: int = 1) -> Padding:
+    """A line that may wrap, each wrapped line indented like the first."""
+    return Padding(Text(text, style), (0, 0, 0, indent))
+
+
 def _spark(state: RunState, name: str, style: str = "cyan") -> Text:
     values = recent(state, name)
     return sparkline(values, SPARK_WIDTH, style) if any(v is not None for v in values) else Text("")
@@ -76,7 +82,7 @@ def _frac(part: float | None, whole: float | None) -> float | None:
 # -------------------------------------------------------------------------- host
 
 
-def host(state: RunState, width: int) -> list[Text]:
+def host(state: RunState, width: int) -> list[RenderableType]:
     """Machine and engine CPU, the processes' memory and the machine's memory."""
     bar_w = max(8, min(30, width - LABEL - SPARK_WIDTH - 24))
     cpu = latest(state, "host/cpu_pct")
@@ -106,12 +112,12 @@ def host(state: RunState, width: int) -> list[Text]:
 # --------------------------------------------------------------------------- GPUs
 
 
-def gpu(state: RunState, i: int, width: int) -> list[Text]:
+def gpu(state: RunState, i: int, width: int) -> list[RenderableType]:
     """One GPU: allocator memory against NVML's view, utilisation, heat, power, clocks."""
     def get(metric: str) -> float | None:
         return latest(state, f"gpu{i}/{metric}")
 
-    bar_w = max(8, min(40, width - LABEL - 40))
+    bar_w = max(8, min(40, width - LABEL - 48))
     allocated, reserved, peak = get("mem_allocated_bytes"), get("mem_reserved_bytes"), get("mem_peak_bytes")
     used, total = get("nvml_mem_used_bytes"), get("nvml_mem_total_bytes")
     lines = [Text(f" gpu{i}", "bold underline")]
@@ -123,11 +129,11 @@ def gpu(state: RunState, i: int, width: int) -> list[Text]:
         mem_bar = stacked(parts, bar_w)
     else:
         mem_bar = Text("N/A".ljust(bar_w), "dim")
-    lines.append(_line("memory", mem_bar, f" {fmt_bytes(used)} / {fmt_bytes(total)} (NVML)"))
+    lines.append(_line("memory", mem_bar, f" {fmt_bytes(used)} / {fmt_bytes(total)}",
+                       ("  this process ", "dim"), fmt_bytes(get("proc_mem_bytes"))))
     lines.append(_line("", ("allocated ", "green"), (fmt_bytes(allocated), "bold"),
                        ("  reserved ", "dark_green"), (fmt_bytes(reserved), "bold"),
-                       ("  peak ", "dim"), (fmt_bytes(peak), "bold"),
-                       ("  this process ", "dim"), fmt_bytes(get("proc_mem_bytes"))))
+                       ("  peak ", "dim"), (fmt_bytes(peak), "bold")))
     util = get("nvml_util_pct")
     lines.append(_line("util", bar(_frac(util, 100.0), min(bar_w, 20), "green"), f" {_pct(util):>5}  ",
                        _spark(state, f"gpu{i}/nvml_util_pct", "green")))
@@ -141,10 +147,10 @@ def gpu(state: RunState, i: int, width: int) -> list[Text]:
     retries, ooms = get("alloc_retries"), get("ooms")
     allocator = _line("allocator", ("retries ", "dim"), "N/A" if retries is None else f"{retries:.0f}",
                       ("  OOMs ", "dim"), ("N/A" if ooms is None else f"{ooms:.0f}", "bold red" if ooms else ""))
-    if retries:
-        allocator.append("  fragmentation: the allocator freed its cache to retry; try "
-                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "yellow")
     lines.append(allocator)
+    if retries:
+        lines.append(_note(f"fragmentation: the allocator freed its cache and retried {retries:.0f} time(s); "
+                           "try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "yellow", LABEL + 1))
     return lines
 
 
@@ -160,11 +166,11 @@ def step_split(state: RunState, window: int = STEP_WINDOW) -> dict[str, float | 
     return out
 
 
-def step_time(state: RunState, width: int) -> list[Text]:
+def step_time(state: RunState, width: int) -> list[RenderableType]:
     """Where a step's time goes (data wait, forward+backward, optimizer), and any hint."""
     split = step_split(state)
     step = split["time/step_s"]
-    lines = [Text(f" step time  (median of the last {STEP_WINDOW} steps)", "bold underline")]
+    lines: list[RenderableType] = [Text(f" step time  (median of the last {STEP_WINDOW} steps)", "bold underline")]
     if all(v is None for v in split.values()):
         lines.append(Text(" no step timings yet", "dim"))
     elif all(split[n] is None for n, _, _ in STEP_PARTS):
@@ -172,37 +178,32 @@ def step_time(state: RunState, width: int) -> list[Text]:
                                    (" (no data / forward+backward / optimizer split recorded)", "dim")))
     else:
         whole = step or sum(v for v in split.values() if v is not None) or None
-        bar_w = max(10, min(60, width - 4))
-        lines.append(Text(" ") + stacked([(_frac(split[n], whole), style) for n, _, style in STEP_PARTS], bar_w))
-        legend = Text(" ")
+        bar_w = max(10, min(60, width - 20))
+        lines.append(Text.assemble(" ", stacked([(_frac(split[n], whole), style) for n, _, style in STEP_PARTS], bar_w),
+                                   ("  step ", "dim"), (fmt_ms(step), "bold")))
         for name, label, style in STEP_PARTS:
             share = _frac(split[name], whole)
-            legend.append("■ ", style)
-            legend.append(f"{label} ", "dim")
-            legend.append(fmt_ms(split[name]), "bold")
-            legend.append(f" ({share:.0%})  " if share is not None else "  ", "dim")
-        legend.append("step ", "dim")
-        legend.append(fmt_ms(step), "bold")
-        lines.append(legend)
+            lines.append(Text.assemble((" ■ ", style), (f"{label:<17}", "dim"), (f"{fmt_ms(split[name]):>9}", "bold"),
+                                       (f"  {share:4.0%}" if share is not None else "", "dim")))
     if state.hint:
-        lines.append(Text(f" hint: {state.hint}", "yellow"))
+        lines.append(_note(f"hint: {state.hint}", "yellow"))
     return lines
 
 
 # ---------------------------------------------------------------------------- OOM
 
 
-def oom(state: RunState) -> list[Text]:
+def oom(state: RunState) -> list[RenderableType]:
     """The latest out-of-memory report: the error and what to try."""
     data = state.oom
     if not data:
         return []
-    lines = [Text(" out of memory", "bold red underline"),
-             Text(f" {data.get('error') or 'CUDA out of memory'}", "red")]
+    lines: list[RenderableType] = [Text(" out of memory", "bold red underline"),
+                                   _note(str(data.get("error") or "CUDA out of memory"), "red")]
     for i, remedy in enumerate(data.get("remedies") or [], 1):
-        lines.append(Text(f" {i}. {remedy}"))
+        lines.append(_note(f"{i}. {remedy}", ""))
     if data.get("snapshot"):
-        lines.append(Text(f" memory snapshot: {data['snapshot']} (open at pytorch.org/memory_viz)", "dim"))
+        lines.append(_note(f"memory snapshot: {data['snapshot']} (open it at pytorch.org/memory_viz)", "dim"))
     return lines
 
 
