@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import sys
 import time
 import uuid
@@ -18,7 +19,10 @@ from ptdash.transport import Client
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).parent.parent
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+# A private runtime dir per test session: the tests' sockets and live-run registry never
+# mix with the user's real runs (or another test session's).
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+       "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="ptd-")}
 
 
 def ptdash(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:

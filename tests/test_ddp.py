@@ -116,3 +116,45 @@ def test_sigkill_of_rank_1_is_reported_and_nothing_is_left_behind(tmp_path):
         wait_for(lambda: not _rank_pids(), 30, what="every rank to exit")
     finally:
         run.close()
+
+
+def test_users_own_torchrun_runs_the_engine_module(tmp_path):
+    """`torchrun ... -m ptdash.bootstrap train.py`: rank 0 makes the run dir; ctl steers it."""
+    import sys
+
+    from runner import ptdash
+
+    env = {**ENV, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "ptdash.bootstrap", str(DDP), "--steps", "100000", "--sleep", "0.02"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        run_json = wait_for(lambda: list((tmp_path / "ptdash-runs").glob("*/run.json")), 90,
+                            what="rank 0 to create the run dir")
+        run_dir = run_json[0].parent
+        from ptdash.store import StoreReader
+
+        def steps():
+            try:
+                with StoreReader(run_dir / "metrics.db") as s:
+                    return (s.last_step(0) or 0, s.last_step(1) or 0)
+            except Exception:
+                return (0, 0)
+        wait_for(lambda: min(steps()) >= 3, 90, what="both ranks stepping")
+        listed = ptdash("ls", cwd=tmp_path)
+        assert run_dir.name in listed.stdout and "running" in listed.stdout
+        paused = ptdash("ctl", str(run_dir), "pause", cwd=tmp_path)
+        assert paused.returncode == 0 and "paused at step" in paused.stdout, paused.stderr
+        time.sleep(1.0)
+        held = steps()
+        assert held[0] == held[1]
+        assert ptdash("ctl", str(run_dir), "stop", cwd=tmp_path).returncode == 0
+        out, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 0, out[-2000:]
+        assert "rank 0 finally ran" in out and "rank 1 finally ran" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _rank_pids():
+            os.kill(pid, signal.SIGKILL)
