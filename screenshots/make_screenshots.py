@@ -3,8 +3,10 @@
     python screenshots/make_screenshots.py                 # records a ~40 s demo run first
     python screenshots/make_screenshots.py --run-dir RUN   # uses an existing run dir
 
-The dashboard is opened read-only (ReplaySource) on the run, headless, at 120x36 and
-80x24, and saved as screenshots/dashboard.svg and screenshots/dashboard-80x24.svg.
+The dashboard is opened read-only (ReplaySource) on the run, headless, and saved as SVGs:
+the Overview at 120x36 and 80x24 (dashboard.svg, dashboard-80x24.svg), the Layers tab
+sorted by grad norm with the top parameter charted (layers.svg), and the System tab
+(system.svg).
 Recording uses the real CLI: ``ptdash --headless demo`` in a temporary directory,
 stopped cleanly with ``ptdash ctl RUN stop`` after ``--seconds``.
 """
@@ -25,7 +27,13 @@ from ptdash.tui.app import make_app
 from ptdash.tui.source import ReplaySource
 
 HERE = Path(__file__).resolve().parent
-SIZES = {(120, 36): "dashboard.svg", (80, 24): "dashboard-80x24.svg"}
+SHOTS = (
+    ((120, 36), (), "dashboard.svg"),
+    ((80, 24), (), "dashboard-80x24.svg"),
+    ((120, 36), ("2", "o", "enter"), "layers.svg"),
+    ((120, 36), ("3",), "system.svg"),
+)
+"""(terminal size, keys pressed after loading, file name) of each screenshot."""
 
 
 def record_demo(workdir: Path, seconds: float, demo_args: list[str]) -> Path:
@@ -45,7 +53,7 @@ def record_demo(workdir: Path, seconds: float, demo_args: list[str]) -> Path:
     return run_dir
 
 
-async def screenshot(run_dir: Path, size: tuple[int, int], path: Path) -> None:
+async def screenshot(run_dir: Path, size: tuple[int, int], keys: tuple[str, ...], path: Path) -> None:
     app = make_app(ReplaySource(run_dir))
     async with app.run_test(size=size) as pilot:
         deadline = time.monotonic() + 10
@@ -54,6 +62,10 @@ async def screenshot(run_dir: Path, size: tuple[int, int], path: Path) -> None:
                 raise SystemExit(f"the dashboard did not load {run_dir}")
             await pilot.pause(0.1)
         await pilot.pause(0.5)  # one throttled redraw after the last delivery
+        for key in keys:
+            await pilot.press(key)
+            await pilot.pause(0.2)
+        await pilot.pause(0.6)  # the Layers table updates at most twice a second
         path.write_text(app.export_screenshot(title=f"ptdash {size[0]}x{size[1]}"))
 
 
@@ -67,8 +79,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ptdash-shots-") as tmp:
         run_dir = args.run_dir or record_demo(Path(tmp), args.seconds, shlex.split(args.demo_args))
         rundir.read_info(run_dir)  # a clear error for a path that is not a run
-        for size, name in SIZES.items():
-            asyncio.run(screenshot(run_dir, size, args.out / name))
+        for size, keys, name in SHOTS:
+            asyncio.run(screenshot(run_dir, size, keys, args.out / name))
             print(f"wrote {args.out / name}")
     return 0
 

@@ -25,6 +25,7 @@ from ptdash.tui.bars import bar, sparkline, stacked  # noqa: E402
 from ptdash.tui.layers import LayerStats, combine, module_of, natural_key, select  # noqa: E402
 from ptdash.tui.source import LiveSource, load_layers  # noqa: E402
 from ptdash.tui.app import make_app  # noqa: E402
+from ptdash.tui.widgets.layer_table import LayerTable  # noqa: E402
 from ptdash.tui.widgets.layers_view import LayersView  # noqa: E402
 
 
@@ -98,6 +99,8 @@ def test_select_sorts_and_filters():
     assert [r.flag for r in select(rows, sort="flag")][:2] == ["nonfinite", "vanishing"]
     assert [r.name for r in select(rows, "ENC weight", "name")] == ["enc.0.weight", "enc.2.weight", "enc.10.weight"]
     assert select(rows, "nothing-matches") == []
+    modules = stats.rows(grouped=True)
+    assert [r.name for r in select(modules, "enc bias")] == ["enc.0"]  # by a parameter's name
     assert sorted(["b10", "b9", "a"], key=natural_key) == ["a", "b9", "b10"]
 
 
@@ -111,6 +114,16 @@ def test_sparkline_and_bars():
     assert bar(2.0, 4).plain == "████"
     assert stacked([(0.25, "a"), (0.25, "b"), (None, "c")], 8).plain == "████░░░░"
     assert stacked([(0.01, "a")], 8).plain[0] != "░"  # a sliver, never nothing
+
+
+def test_cells_keep_the_end_of_long_names_and_say_nan():
+    from ptdash.tui.layers import LayerRow
+    from ptdash.tui.widgets.layer_table import Column, cell
+
+    row = LayerRow("model.encoder.layers.11.attn.out_proj.weight", "", None, None, "nonfinite", 0)
+    assert cell(row, Column("name", "name", 20), ()).plain == "…ttn.out_proj.weight"
+    assert cell(row, Column("norm", "grad norm", 9, "right"), ()).plain == "  NaN/Inf"
+    assert cell(row, Column("flag", "flag", 9), ()).plain == "nonfinite"
 
 
 def test_load_layers_finds_names_stored_before_the_window(tmp_path):
@@ -181,6 +194,7 @@ def test_layers_tab_with_500_parameters(tmp_path):
             await pilot.press("slash", *"mlp.fc.w", "enter")
             expected = sorted(n for n in names if "mlp.fc.w" in n)
             await until(pilot, lambda: len(view.rows) == len(expected), what="filtered rows")
+            assert isinstance(app.focused, LayerTable)  # enter hands the keys back to the table
             assert sorted(r.name for r in view.rows) == expected
             assert f"{len(expected)}/500 parameters" in screen_text(app)
             await pilot.press("o")  # back to name order, cursor on the first row
@@ -198,7 +212,17 @@ def test_layers_tab_with_500_parameters(tmp_path):
             # Modules: parameters grouped by their prefix, norms combined.
             await pilot.press("m")
             await until(pilot, lambda: view.grouped and "modules" in screen_text(app), what="modules")
+            assert len(view.rows) == len(expected)  # modules holding a matching parameter
             assert all(r.name.endswith("mlp.fc") for r in view.rows)
+            await pilot.press("slash", "escape")
+            assert isinstance(app.focused, LayerTable) and view.filter_text == "mlp.fc.w"
+
+            # A click on a row charts it; a click on a column header sorts by it.
+            await pilot.click(LayerTable, offset=(5, 2))
+            await until(pilot, lambda: view.selected == view.rows[1].name, what="clicked row charted")
+            norm_x = 1 + view._columns()[0].width + 2 + 3
+            await pilot.click(LayerTable, offset=(norm_x, 0))
+            await until(pilot, lambda: view.sort == "norm", what="header click sorts")
         return timings
 
     with FakeEngine(run_dir, step=500) as engine:

@@ -41,6 +41,8 @@ class LayerRow:
     flag: str | None
     index: int
     """Position in the parameter list (a module: its first parameter's), for a stable order."""
+    search: str = ""
+    """What the filter looks in besides the name (a module: its parameters' names), lower case."""
 
 
 def module_of(name: str) -> str:
@@ -150,7 +152,8 @@ class LayerStats:
             out.append(LayerRow(
                 module, f"{len(members)} tensor{'s' if len(members) > 1 else ''}",
                 combine(latest[i] for i in members), max(ratios) if ratios else None,
-                max(flags, key=FLAG_RANK.__getitem__) if flags else None, members[0]))
+                max(flags, key=FLAG_RANK.__getitem__) if flags else None, members[0],
+                " ".join(self.names[i] for i in members).lower()))
         return out
 
     def history_of(self, name: str, grouped: bool = False) -> tuple[list[int], list[float | None]]:
@@ -173,13 +176,16 @@ class LayerStats:
 def select(rows: list[LayerRow], text: str = "", sort: str = "name") -> list[LayerRow]:
     """The rows whose name holds every word of ``text`` (any case), in ``sort`` order.
 
+    A module row also matches when one of its parameters' names holds every word.
+
     ``name`` sorts alphabetically, numbered parts by number; ``norm`` and ``ratio`` put the largest first and a
     non-finite norm above everything; ``flag`` puts the loudest flag first. Ties keep the
     parameter order.
     """
     words = text.lower().split()
     if words:
-        rows = [r for r in rows if all(w in r.name.lower() for w in words)]
+        rows = [r for r in rows if all(w in r.name.lower() for w in words)
+                or any(all(w in name for w in words) for name in r.search.split())]
     if sort == "name":
         return sorted(rows, key=lambda r: natural_key(r.name))
     if sort == "norm":

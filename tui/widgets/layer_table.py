@@ -107,7 +107,7 @@ class LayerTable(ScrollView, can_focus=True):
     """Index of the highlighted row."""
 
     class Highlighted(Message):
-        """The cursor moved onto ``row``."""
+        """The user moved the cursor onto ``row`` (keys; a click posts Selected)."""
 
         def __init__(self, row: LayerRow) -> None:
             super().__init__()
@@ -175,11 +175,9 @@ class LayerTable(ScrollView, can_focus=True):
 
     # ------------------------------------------------------------------ cursor
 
-    def watch_cursor(self, old: int, new: int) -> None:
+    def watch_cursor(self) -> None:
         self._scroll_to_cursor()
         self.refresh()
-        if 0 <= new < len(self.rows):
-            self.post_message(self.Highlighted(self.rows[new]))
 
     def _scroll_to_cursor(self) -> None:
         visible = max(1, self.scrollable_content_region.height - 1)
@@ -190,20 +188,25 @@ class LayerTable(ScrollView, can_focus=True):
             self.scroll_to(y=self.cursor - visible + 1, animate=False)
 
     def move_to(self, index: int) -> None:
-        """Put the cursor on row ``index`` (clamped)."""
+        """Put the cursor on row ``index`` (clamped), as the program; no message is posted."""
         self.cursor = min(max(0, index), max(0, len(self.rows) - 1))
 
+    def _user_move(self, index: int) -> None:
+        self.move_to(index)
+        if self.rows:
+            self.post_message(self.Highlighted(self.rows[self.cursor]))
+
     def action_cursor(self, delta: int) -> None:
-        self.move_to(self.cursor + delta)
+        self._user_move(self.cursor + delta)
 
     def action_page(self, direction: int) -> None:
-        self.move_to(self.cursor + direction * max(1, self.scrollable_content_region.height - 2))
+        self._user_move(self.cursor + direction * max(1, self.scrollable_content_region.height - 2))
 
     def action_first(self) -> None:
-        self.move_to(0)
+        self._user_move(0)
 
     def action_last(self) -> None:
-        self.move_to(len(self.rows) - 1)
+        self._user_move(len(self.rows) - 1)
 
     def action_select(self) -> None:
         if 0 <= self.cursor < len(self.rows):

@@ -2,8 +2,8 @@
 
 The rows come from ``layers.select`` over the app's LayerStats; the LayerTable draws
 only those on screen. The view re-sorts at most every UPDATE_S when new statistics
-arrive (at once when the sort, filter or grouping changes) and keeps the cursor on the
-same parameter while the values move the rows under it.
+arrive (at once when the sort, filter or grouping changes); once the user moves the
+cursor, it stays on that parameter while the values move the rows under it.
 """
 
 from __future__ import annotations
@@ -195,14 +195,17 @@ class LayersView(Widget):
         self.last_update_s = time.perf_counter() - started
 
     def _follow_cursor(self, table: LayerTable) -> None:
-        """Keep the cursor on the same row name when new values move the rows under it."""
-        if not self.rows:
+        """Once the user put the cursor on a row, keep it there while new values move the rows.
+
+        Until then the cursor keeps its position, so a table sorted by grad norm keeps
+        showing its top rows.
+        """
+        if self._cursor_name is None:
             return
         for i, row in enumerate(self.rows):
             if row.name == self._cursor_name:
                 table.move_to(i)
                 return
-        self._cursor_name = self.rows[min(table.cursor, len(self.rows) - 1)].name
 
     def _summarize(self) -> None:
         stats = self.stats
@@ -241,7 +244,7 @@ class LayersView(Widget):
 
     def on_layer_table_highlighted(self, event: LayerTable.Highlighted) -> None:
         event.stop()
-        self._cursor_name = event.row.name
+        self._cursor_name = event.row.name  # from now on the cursor follows this row
         if self.selected is not None:
             self.selected = event.row.name  # an open chart follows the cursor
 
