@@ -1,0 +1,336 @@
+"""The training doctor: every planted bug raises exactly its finding through the real CLI,
+the demo, the examples and the other test scripts raise none, and `ptdash doctor` prints
+what a run found.
+
+The runs start together at the first test that needs one (a few at a time) so that their
+interpreter start-ups overlap; each test waits only for its own.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from ptdash.store import StoreReader
+from runner import ENV, REPO, SCRIPTS, ptdash
+
+DOCTOR = SCRIPTS / "doctor"
+EXAMPLES = REPO / "examples"
+WARNINGS_ON = {k: v for k, v in ENV.items() if k != "PYTHONWARNINGS"}
+TINY_DEMO = ("--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8", "--block-size", "32",
+             "--log-every", "25")
+
+PLANTED = {
+    "loop_bugs": ((str(DOCTOR / "loop_bugs.py"),), WARNINGS_ON),
+    "zero_before_step": ((str(DOCTOR / "zero_before_step.py"),), ENV),
+    "lr_zero_plateau": ((str(DOCTOR / "lr_zero_plateau.py"),), ENV),
+    "slow_data": ((str(SCRIPTS / "slow_data.py"),), ENV),
+}
+CLEAN = {
+    "demo": (("demo", "--steps", "50", *TINY_DEMO), ENV),
+    "basic": ((str(EXAMPLES / "basic.py"), "--steps", "60"), ENV),
+    "grad_accum": ((str(EXAMPLES / "grad_accum.py"), "--steps", "60"), ENV),
+    "lbfgs": ((str(EXAMPLES / "lbfgs.py"), "--steps", "8"), ENV),
+    "closure_accum": ((str(SCRIPTS / "closure_accum.py"),), ENV),
+    "steady": ((str(SCRIPTS / "steady.py"), "--steps", "60", "--sleep", "0"), ENV),
+    "plant_nan": (("--on-anomaly", "skip", str(SCRIPTS / "plant_nan.py")), ENV),
+    "oom": ((str(SCRIPTS / "oom.py"),), ENV),
+}
+
+
+def _run(where: Path, args: tuple, env: dict):
+    where.mkdir()
+    result = ptdash("--headless", "--run-dir", "run", *args, cwd=where, env=env, timeout=300)
+    return where / "run", result
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("doctor")
+    pool = ThreadPoolExecutor(max_workers=3)
+    futures = {name: pool.submit(_run, root / name, args, env) for name, (args, env) in {**PLANTED, **CLEAN}.items()}
+    yield futures
+    for future in futures.values():
+        future.cancel()
+    pool.shutdown(wait=True)
+
+
+def _events(run_dir: Path, kind: str) -> list[dict]:
+    with StoreReader(run_dir / "metrics.db") as s:
+        return [e for e in s.events() if e["kind"] == kind]
+
+
+def _findings(runs, name: str) -> dict[str, list[dict]]:
+    run_dir, result = runs[name].result()
+    assert (run_dir / "metrics.db").exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    found: dict[str, list[dict]] = {}
+    for e in _events(run_dir, "finding"):
+        found.setdefault(e["data"]["id"], []).append(e["data"])
+    return found
+
+
+def test_loop_bugs_each_raise_their_finding_once(runs):
+    found = _findings(runs, "loop_bugs")
+    assert sorted(found) == ["dataparallel", "grads-never-cleared", "inplace-autograd", "never-learns",
+                             "sampler-no-set-epoch", "train-in-eval-mode"]
+    for rule, items in found.items():
+        assert all(d["what"] and d["why"] and d["fix"] for d in items), rule
+        assert len(items) == (2 if rule == "never-learns" else 1), items
+    (cleared,) = found["grads-never-cleared"]
+    assert cleared["source"].endswith("loop_bugs.py:36") and cleared["step"] == 2 and cleared["param"] == "body.0.weight"
+    (eval_mode,) = found["train-in-eval-mode"]
+    assert "1 Dropout" in eval_mode["what"] and eval_mode["source"].endswith("loop_bugs.py:29")
+    cases = {d["case"]: d for d in found["never-learns"]}
+    assert cases["no-grad"]["params"] == ["unused.weight", "unused.bias"]
+    assert cases["frozen"]["params"] == ["scale"]
+    assert found["sampler-no-set-epoch"][0]["source"].endswith("loop_bugs.py:33")
+    assert found["dataparallel"][0]["module"] == "Net"
+    (inplace,) = found["inplace-autograd"]
+    assert inplace["source"].endswith("loop_bugs.py:44") and "Sigmoid" in inplace["node"]
+    assert "--detect-anomaly" in inplace["fix"]
+    (warning,) = [e for e in _events(runs["loop_bugs"].result()[0], "warning") if e["data"].get("origin") == "python"]
+    assert "planted warning from the script" in warning["message"] and warning["data"]["source"].endswith(":39")
+
+
+def test_zero_grad_between_backward_and_step(runs):
+    found = _findings(runs, "zero_before_step")
+    assert list(found) == ["zero-grad-before-step"]
+    (finding,) = found["zero-grad-before-step"]
+    assert finding["step"] == 1 and finding["source"].endswith("zero_before_step.py:11")
+    assert "no gradients" in finding["what"]
+
+
+def test_lr_zero_and_loss_plateau(runs):
+    found = _findings(runs, "lr_zero_plateau")
+    assert sorted(found) == ["loss-plateau", "lr-zero"]
+    assert found["lr-zero"][0]["groups"] == [1] and found["lr-zero"][0]["step"] == 1
+    plateau = found["loss-plateau"][0]
+    assert plateau["stale_steps"] >= 500 and plateau["step"] <= 600
+
+
+def test_input_bound_names_the_dataloader_settings(runs):
+    found = _findings(runs, "slow_data")
+    assert list(found) == ["input-bound"]
+    (finding,) = found["input-bound"]
+    assert finding["num_workers"] == 0 and finding["data_share"] > 0.5
+    assert finding["source"].endswith("slow_data.py:20") and "num_workers=" in finding["fix"]
+
+
+@pytest.mark.parametrize("name", list(CLEAN))
+def test_clean_scripts_raise_no_finding(runs, name):
+    run_dir, result = runs[name].result()
+    assert result.returncode == (1 if name == "oom" else 0), result.stdout[-3000:]
+    assert _findings(runs, name) == {}
+
+
+def test_doctor_command_prints_the_findings(runs):
+    from ptdash.tui.doctor_cli import cmd_doctor
+
+    run_dir, _ = runs["zero_before_step"].result()
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = cmd_doctor([str(run_dir)])
+    text = out.getvalue()
+    assert code == 1
+    assert "zero-grad-before-step" in text and "why:" in text and "fix:" in text and "zero_before_step.py:11" in text
+
+    clean_dir, _ = runs["basic"].result()
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cmd_doctor([str(clean_dir)]) == 0
+    assert "no findings" in out.getvalue()
+
+
+def test_doctor_command_errors_are_one_line(tmp_path):
+    from ptdash.tui.doctor_cli import cmd_doctor
+
+    err = io.StringIO()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text('{"id": "x", "name": "x"}')
+    with redirect_stderr(err):
+        assert cmd_doctor([str(tmp_path / "run")]) == 1
+    assert err.getvalue().count("\n") == 1 and "metrics" in err.getvalue()
+    with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):
+        assert cmd_doctor(["a", "b"]) == 2
+
+
+def _has_cuda() -> bool:
+    if shutil.which("nvidia-smi") is None:  # spares CPU machines importing torch here
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA device")
+def test_host_syncs_on_gpu(tmp_path):
+    result = ptdash("--headless", "--run-dir", "run", str(DOCTOR / "host_syncs.py"), cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    found = {e["data"]["id"]: e["data"] for e in _events(tmp_path / "run", "finding")}
+    assert list(found) == ["host-syncs"]
+    assert found["host-syncs"]["source"].endswith("host_syncs.py:14")
+    assert found["host-syncs"]["lines"][0]["per_step"] == 1
+    # Sampling hid its own warnings from the script's output.
+    assert "synchronizing" not in result.stdout
+
+
+# ----------------------------------------------------------- in-process rule checks
+# The loop shapes a detector must tell apart, driven the way the engine's hooks drive
+# the doctor (backward, zero_grad, pre/post step, flush), with a tiny CPU model.
+
+
+class _Engine:
+    def __init__(self, config=None):
+        import types
+
+        self.config = config or {}
+        self.hooks = types.SimpleNamespace(models=[], step=0, main=None)
+        self.events = []
+
+    def event(self, kind, message, **data):
+        self.events.append({"kind": kind, "message": message, "data": data})
+
+    def found(self):
+        return [e["data"]["id"] for e in self.events if e["kind"] == "finding"]
+
+
+def _loop(shape: str, steps: int = 8, config=None):
+    import torch
+    from ptdash.doctor import Doctor
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    engine = _Engine(config)
+    doctor = Doctor(engine)
+    doctor.attach()
+    try:
+        for step in range(1, steps + 1):
+            micro = 4 if shape == "accumulate" else 1
+            if shape in ("accumulate", "zero_first"):
+                doctor.on_zero_grad(opt)
+                opt.zero_grad()
+            for _ in range(micro):
+                loss = model(torch.randn(8, 4)).pow(2).mean()
+                doctor.on_backward()
+                loss.backward()
+            if shape == "zero_between_keep":
+                doctor.on_zero_grad(opt)
+                opt.zero_grad(set_to_none=False)
+            doctor.on_pre_step(opt, step, [p for p in model.parameters() if p.grad is not None])
+            opt.step()
+            doctor.on_post_step(opt, step)
+            engine.hooks.models = [model]
+            if shape == "module_zero_after":
+                model.zero_grad()
+            elif shape == "none_after":
+                for p in model.parameters():
+                    p.grad = None
+            elif shape == "data_zero_after":
+                for p in model.parameters():
+                    p.grad.data.zero_()
+            if shape == "zero_between_keep":
+                norms = [float(p.grad.norm()) for p in model.parameters()]
+                doctor.on_flush([], [_LayerRow(step, norms)])
+        doctor.on_flush([], [])
+    finally:
+        doctor.detach()
+    return engine
+
+
+class _LayerRow:
+    def __init__(self, step, norms):
+        self.step, self.grad_norms, self.params = step, norms, []
+
+
+@pytest.mark.parametrize("shape", ["zero_first", "accumulate", "module_zero_after", "none_after", "data_zero_after"])
+def test_ways_of_clearing_gradients_raise_nothing(shape):
+    assert _loop(shape).found() == []
+
+
+def test_never_clearing_raises_grads_never_cleared_once():
+    assert _loop("never").found() == ["grads-never-cleared"]
+
+
+def test_zero_grad_keeping_zeros_between_backward_and_step_is_confirmed_at_the_flush():
+    engine = _loop("zero_between_keep", steps=3)
+    assert engine.found() == ["zero-grad-before-step"]
+    (finding,) = [e["data"] for e in engine.events if e["kind"] == "finding"]
+    assert "all-zero gradients" in finding["what"] and finding["step"] == 1
+
+
+def test_detect_anomaly_is_switched_on_only_on_request_and_restored():
+    import torch
+    from ptdash.doctor import Doctor
+
+    doctor = Doctor(_Engine({"detect_anomaly": True}))
+    doctor.attach()
+    try:
+        assert torch.is_anomaly_enabled()
+    finally:
+        doctor.detach()
+    assert not torch.is_anomaly_enabled()
+    doctor = Doctor(_Engine())
+    doctor.attach()
+    assert not torch.is_anomaly_enabled()
+    doctor.detach()
+
+
+def test_plateau_ignores_noise_on_a_falling_loss_and_flags_a_flat_one():
+    import random
+
+    from ptdash.doctor_rules import Plateau
+
+    rng = random.Random(0)
+    falling = Plateau()
+    rows = [[s, 0.0, {"loss": 3.0 * 0.999 ** s * (1 + 0.2 * rng.uniform(-1, 1))}] for s in range(1, 3001)]
+    assert falling.add(rows) is None
+    flat = Plateau()
+    rows = [[s, 0.0, {"loss": 2.3 * (1 + 0.2 * rng.uniform(-1, 1))}] for s in range(1, 3001)]
+    found = flat.add(rows)
+    assert found and found["stale_steps"] >= 500 and found["step"] < 1000
+
+
+def test_lr_zero_forgives_a_warmup_that_starts_at_zero():
+    from ptdash.doctor_rules import LrZero
+
+    warmup = [[s, 0.0, {"opt/lr/group0": (s - 1) * 1e-4}] for s in range(1, 50)]
+    assert LrZero().add(warmup) is None
+    zero = [[s, 0.0, {"opt/lr/group0": 1e-3, "opt/lr/group1": 0.0}] for s in range(1, 20)]
+    assert LrZero().add(zero) == {"1": (1, 19)}  # the run so far
+
+
+def test_sync_sampler_counts_lines_that_sync_every_sampled_step():
+    import warnings
+
+    from ptdash.doctor_rules import SyncSampler
+
+    modes = []
+    sampler = SyncSampler(first=3, set_mode=modes.append, get_mode=lambda: 0)
+    filters = list(warnings.filters)
+
+    def sync(text="called a synchronizing CUDA operation"):
+        import sys
+
+        return sampler.on_warning(text, sys._getframe(1))
+
+    results = []
+    for step in range(1, 6):
+        if sampler.active:
+            assert sync()  # a line that syncs every step
+            if step == 3:
+                assert sync()  # a line that syncs once (a logging step)
+            assert not sync("an unrelated warning")
+        results.append(sampler.on_post_step(step))
+    assert modes == ["warn", 0] and warnings.filters == filters
+    found = [r for r in results if r]
+    assert len(found) == 1 and found[0]["steps"] == [3, 4] and found[0]["per_step"] == 1
+    (line,) = found[0]["lines"]
+    assert line["text"] == "assert sync()  # a line that syncs every step" and line["kind"] == "read-back"
+    assert sampler.next_start == 30
