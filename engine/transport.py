@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import protocol
-from .protocol import Command, Hello, Message, Metrics, ProtocolError, Refused, Welcome
+from .protocol import Command, Hello, Layers, Message, Metrics, ProtocolError, Refused, Welcome
 
 log = logging.getLogger("ptdash.transport")
 
@@ -71,13 +71,18 @@ def private_dir() -> Path:
         path.mkdir(mode=0o700)
     except FileExistsError:
         pass
+    except OSError as exc:
+        raise TransportError(f"cannot create the private directory {path}: {exc.strerror or exc}") from None
     check_private_dir(path)
     return path
 
 
 def check_private_dir(path: Path) -> None:
     """Raise TransportError unless ``path`` is a real directory, ours, mode 0700, local."""
-    st = os.lstat(path)
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise TransportError(f"cannot use {path}: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise TransportError(f"{path} is not a directory; refusing to put the control socket there")
     if st.st_uid != os.getuid():
@@ -89,14 +94,18 @@ def check_private_dir(path: Path) -> None:
         raise TransportError(f"{path} is on a network file system ({fstype}); set XDG_RUNTIME_DIR to a local one")
 
 
-def filesystem_type(path: Path) -> str | None:
-    """The type of the file system holding ``path``, from /proc/mounts (None if unknown)."""
-    try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return None
+def filesystem_type(path: Path, mounts: str | None = None) -> str | None:
+    """The type of the file system holding ``path``, from /proc/mounts (None if unknown).
+
+    ``mounts`` is that table's text, read from /proc when not given.
+    """
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return None
     target, best = str(Path(path).resolve()), (-1, None)
-    for line in mounts:
+    for line in mounts.splitlines():
         fields = line.split()
         if len(fields) < 3:
             continue
@@ -198,17 +207,19 @@ class Server:
     def publish(self, msg: Message) -> None:
         """Queue ``msg`` for every authenticated client; never blocks.
 
-        Metrics are dropped for a client whose buffer is full (and counted); other
-        messages are always queued, up to a hard cap that disconnects the client.
+        Live samples (metrics, and per-layer statistics that repeat no names) are
+        dropped for a client whose buffer is full, metrics rows counted; other messages
+        are always queued, up to a hard cap that disconnects the client.
         """
         frame = protocol.encode(msg)
         is_metrics = isinstance(msg, Metrics)
+        droppable = is_metrics or (isinstance(msg, Layers) and msg.names is None)
         with self._lock:
             for client in self._clients.values():
                 if not client.authed or client.closing:
                     continue
-                if is_metrics and len(client.out) > METRICS_BUFFER:
-                    client.dropped += len(msg.rows)
+                if droppable and len(client.out) > METRICS_BUFFER:
+                    client.dropped += len(msg.rows) if is_metrics else 0
                     continue
                 if is_metrics and client.dropped:
                     client.out += protocol.encode(replace(msg, dropped=msg.dropped + client.dropped))
@@ -246,11 +257,7 @@ class Server:
                         except BlockingIOError:
                             pass
                     else:
-                        client = key.data
-                        if events & selectors.EVENT_READ:
-                            self._read(client)
-                        if events & selectors.EVENT_WRITE:
-                            self._write(client)
+                        self._service(key.data, events)
                 self._reap()
                 self._update_interest()
         except Exception:  # the server must never take the engine down with it
@@ -260,12 +267,28 @@ class Server:
                 self._close(client)
             self._listener.close()
 
+    def _service(self, client: _Client, events: int) -> None:
+        """Read and write one client; whatever goes wrong with it ends only that client."""
+        try:
+            if events & selectors.EVENT_READ:
+                self._read(client)
+            if events & selectors.EVENT_WRITE and client.sock.fileno() >= 0:
+                self._write(client)
+        except Exception:
+            log.exception("client %s failed; disconnected", client.name)
+            self._close(client)
+
     def _accept(self) -> None:
         try:
             sock, _ = self._listener.accept()
         except (BlockingIOError, OSError):
             return
-        uid = peer_uid(sock)
+        try:
+            uid = peer_uid(sock)
+        except OSError as exc:
+            self._note(f"refused a connection whose peer cannot be identified: {exc}")
+            sock.close()
+            return
         if uid != os.getuid():
             self._note(f"refused a connection from uid {uid}: only the run's owner may connect")
             self._refuse_now(sock, "only the run's owner may connect")
@@ -310,12 +333,14 @@ class Server:
                     return
         except ProtocolError as exc:
             self._refuse(client, f"bad frame: {exc}")
+        except RecursionError:  # JSON nested deeper than the parser goes
+            self._refuse(client, "bad frame: JSON nested too deeply")
 
     def _handle(self, client: _Client, msg: Message) -> None:
         if not client.authed:
             if not isinstance(msg, Hello):
                 self._refuse(client, "the first message must be hello")
-            elif not hmac.compare_digest(msg.token.encode(), self._token.encode()):
+            elif not hmac.compare_digest(msg.token.encode("utf-8", "replace"), self._token.encode()):
                 self._refuse(client, "wrong token")
             else:
                 client.authed = True
