@@ -41,13 +41,6 @@ CONTROL_ACTIONS = frozenset({"pause", "resume", "checkpoint", "clip", "lr_factor
 HISTORY_EVENTS = 200
 """Newest stored events shown in the events pane on attach."""
 
-TABS = ("overview", "layers", "system", "profiler")
-"""Tab ids, in the order of their number keys."""
-
-
-def _profile_fingerprint(state: RunState) -> tuple:
-    return id(state.profile), state.profile_pending, state.profile_note, state.ended
-
 
 class DashboardApp(App[str]):
     """Live dashboard of one run. Use ``make_app`` to build it."""
@@ -94,7 +87,7 @@ class DashboardApp(App[str]):
             with TabPane("3 System", id="system"):
                 yield ReportView(system.report, system.versions, id="system-view")
             with TabPane("4 Profiler", id="profiler"):
-                yield ReportView(lambda state, _: profile.report(state), _profile_fingerprint, id="profiler-view")
+                yield ReportView(profile.report, profile.versions, id="profiler-view")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:

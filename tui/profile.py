@@ -42,8 +42,8 @@ def top_ops(top: list[dict], device: str) -> Table:
     return table
 
 
-def report(state: RunState) -> RenderableType:
-    """The whole Profiler tab."""
+def report(state: RunState, width: int = 0) -> RenderableType:
+    """The whole Profiler tab (its table takes whatever ``width`` the console gives)."""
     parts: list[RenderableType] = []
     if state.profile_pending:
         pending = state.profile_pending
@@ -73,3 +73,8 @@ def report(state: RunState) -> RenderableType:
     elif not data.get("error"):
         parts.append(Text(" the profiler recorded no ops", "dim"))
     return Group(*parts)
+
+
+def versions(state: RunState) -> tuple:
+    """A cheap fingerprint of everything ``report`` reads, to skip unchanged redraws."""
+    return id(state.profile), state.profile_pending, state.profile_note, state.ended
