@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -318,10 +319,12 @@ def cmd_ls() -> int:
     if not found:
         print("no runs here (looked in ./ptdash-runs and the live-run registry)")
         return 0
-    print(f"{'RUN':<40} {'STATE':<9} {'STEP':>8} {'AGE':>5}  PATH")
+    print(f"{'RUN':<40} {'STATE':<9} {'STEP':>9} {'AGE':>5}  WHERE")
     for r in found:
-        step = r.info.get("steps", r.info.get("step", ""))
-        print(f"{r.path.name[:40]:<40} {r.state:<9} {step!s:>8} {runs.age(r.started):>5}  {r.path}")
+        step = "" if r.step is None else f"{r.step:,}"
+        host = r.info.get("host")
+        where = f"{r.path}" + (f" (on {host})" if host and host != socket.gethostname() else "")
+        print(f"{r.path.name[:40]:<40} {r.state:<9} {step:>9} {runs.age(r.started):>5}  {where}")
     return 0
 
 
