@@ -49,6 +49,25 @@ def run_target(argv: list[str]) -> dict:
         return runpy.run_path(script, run_name="__main__")
 
 
+def _run_dir(argv: list[str]) -> tuple[Path | None, dict]:
+    """The run dir and its config: the one ``ptdash`` made, or a new one (rank 0 under a
+    plain ``torchrun -m ptdash.bootstrap``); None for other ranks of such a launch."""
+    from . import rundir
+
+    rank = int(os.environ.get("RANK", 0))
+    if "PTDASH_RUN_DIR" in os.environ:
+        run_dir = Path(os.environ["PTDASH_RUN_DIR"])
+    elif rank == 0:
+        name = Path(argv[1] if argv[0] == "-m" else argv[0]).stem
+        run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), name, {"argv": argv, "cwd": os.getcwd(), "config": {}})
+        print(f"ptdash: run dir {run_dir}; watch it with: ptdash attach {run_dir}", file=sys.stderr, flush=True)
+    else:
+        return None, {}
+    if rank == 0:
+        _setup_logging(run_dir)
+    return run_dir, rundir.read_info(run_dir).get("config", {})
+
+
 def main() -> int:
     from . import rundir
     from .controls import StopTraining
@@ -58,15 +77,14 @@ def main() -> int:
     if not argv:
         print("usage: python -m ptdash.bootstrap [-m MODULE | SCRIPT] [ARGS...]", file=sys.stderr)
         return 2
-    run_dir = Path(os.environ["PTDASH_RUN_DIR"])
-    _setup_logging(run_dir)
-    info = rundir.read_info(run_dir)
+    run_dir, config = _run_dir(argv)
     try:
-        engine = Engine(run_dir, info.get("config", {}))
+        engine = Engine(run_dir, config)
         engine.start()
     except Exception as exc:
         print(f"ptdash: {exc}", file=sys.stderr)
-        rundir.update_info(run_dir, status="crashed", exit_code=1, error=str(exc))
+        if run_dir is not None and int(os.environ.get("RANK", 0)) == 0:
+            rundir.update_info(run_dir, status="crashed", exit_code=1, error=str(exc))
         return 1
     state, code, detail = "finished", 0, ""
     # The script's globals outlive it until the engine has finished, so a checkpoint due

@@ -60,11 +60,13 @@ class Controls:
 
     ``effects`` has: ``ack(cmd, ok, step, message)``, ``set_state(state, **status)``,
     ``checkpoint(step, reason) -> str`` (a summary), ``start_profile(cmd, step)``,
-    ``kill()``, and ``heartbeat()`` (called about twice a second while paused).
+    ``kill()``, and ``step_seconds()`` (recent step time, to space rank exchanges).
     """
 
-    def __init__(self, settings: Settings, effects) -> None:
+    def __init__(self, settings: Settings, effects, dist=None) -> None:
         self.settings = settings
+        self.dist = dist
+        """The multi-rank channel (distributed.Distributed) or None when alone."""
         self.paused = False
         self.pending = Pending()
         self._fx = effects
@@ -90,18 +92,22 @@ class Controls:
 
     # ------------------------------------------------------------ training thread
 
-    def has_work(self) -> bool:
-        """Cheap check for the hot path: anything queued or pending?"""
+    def has_work(self, step: int) -> bool:
+        """Cheap check for the hot path: anything queued, pending, or a rank exchange due?"""
+        if self.dist is not None and self.dist.due(step):
+            return True
         return bool(self._inbox) or self.paused or bool(self.pending.checkpoint) or self.pending.stop is not None
 
     def at_step_start(self, step: int) -> None:
         """Apply queued commands before step ``step + 1`` updates; block while paused."""
         self._apply_inbox(step)
         while self.paused:
-            self._fx.heartbeat()
-            self._wake.wait(0.5)
-            self._wake.clear()
-            self._apply_inbox(step)
+            if self.dist is None or self.dist.rank == 0:
+                self._wake.wait(0.5)
+                self._wake.clear()
+            # Under DDP this exchange is also the heartbeat: every rank joins it about
+            # twice a second, so a long pause never trips a collective timeout.
+            self._apply_inbox(step, force=True, paused=True)
             if self.pending.checkpoint or self.pending.stop is not None:
                 # Paused runs still save and stop when asked.
                 self.at_save_point(step)
@@ -144,9 +150,22 @@ class Controls:
             self.pending.checkpoint.append("")
         self.pending.reason = reason
 
-    def _apply_inbox(self, step: int) -> None:
+    def _apply_inbox(self, step: int, force: bool = False, paused: bool = False) -> None:
+        local = []
         while self._inbox:
-            cmd = self._inbox.popleft()
+            local.append(self._inbox.popleft())
+        if self.dist is not None and self.dist.ready:
+            if not (force or self.dist.due(step)):
+                self._inbox.extendleft(reversed(local))
+                return
+            # Commands beyond one packet wait for the next exchange.
+            before = self.dist.exchange_seconds, self.dist.exchanges
+            applied = self.dist.exchange(local, step, self._fx.step_seconds())
+            if paused:  # the pause's heartbeat is not a cost of training
+                self.dist.exchange_seconds, self.dist.exchanges = before
+            self._inbox.extendleft(reversed(local[len(applied):]))
+            local = applied
+        for cmd in local:
             self._apply(cmd, step)
 
     def _apply(self, cmd: Command, step: int) -> None:

@@ -26,6 +26,7 @@ from . import checkpoint, profiling, rundir, system
 from .doctor import Doctor
 from .monitor import Monitor
 from .controls import Controls, Settings
+from .distributed import Distributed
 from .hooks import Hooks
 from .protocol import Ack, Command, Event, Layers, Metrics, Status, Welcome
 from .recorder import Recorder
@@ -39,14 +40,20 @@ ENGINE: Engine | None = None
 
 
 class Engine:
-    """One process's instrumentation: hooks, controls, store, server, flusher."""
+    """One process's instrumentation: hooks, controls, store, server, flusher.
 
-    def __init__(self, run_dir: Path, config: dict) -> None:
-        self.run_dir = Path(run_dir).resolve()
-        self.info = rundir.read_info(self.run_dir)
+    Under DDP every rank has an engine; only rank 0's (the primary) owns the run dir, the
+    store and the socket. The others hand their rows to it (see distributed.py).
+    """
+
+    def __init__(self, run_dir: Path | None, config: dict) -> None:
+        self.dist = Distributed()
+        self.primary = self.dist.rank == 0
+        self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
+        self.info = rundir.read_info(self.run_dir) if self.primary else {}
         self.config = config
         self.settings = Settings(clip=config.get("clip"), lr_scale=config.get("lr_scale") or 1.0)
-        self.controls = Controls(self.settings, self)
+        self.controls = Controls(self.settings, self, self.dist if self.dist.multi else None)
         self.recorder = Recorder()
         self.hooks = Hooks(self)
         self.flush_interval = float(config.get("flush_interval", 0.25))
@@ -71,11 +78,21 @@ class Engine:
         self._layer_names: list[str] = []
         self._layer_shapes: list[list[int]] = []
         self._sent_names: list[str] | None = None
-        self.store = StoreWriter(self.run_dir / STORE_NAME)
-        self.server = Server(
-            Path(self.info["socket"]), rundir.read_token(self.run_dir),
-            Welcome(run_id=self.info["id"], run_dir=str(self.run_dir), pid=os.getpid()),
-            on_command=self.controls.submit, on_connect=lambda: [self.status()])
+        self._rank_progress: dict[int, tuple[int, float]] = {}
+        self._stalled: set[int] = set()
+        self.store: StoreWriter | None = None
+        self.server: Server | None = None
+        if self.primary:
+            self.store = StoreWriter(self.run_dir / STORE_NAME)
+            self.server = Server(
+                Path(self.info["socket"]), rundir.read_token(self.run_dir),
+                Welcome(run_id=self.info["id"], run_dir=str(self.run_dir), pid=os.getpid(),
+                        world_size=self.dist.world_size),
+                on_command=self.controls.submit, on_connect=lambda: [self.status()])
+
+    def _publish(self, msg) -> None:
+        if self.server is not None:
+            self.server.publish(msg)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -97,12 +114,15 @@ class Engine:
         self.doctor.attach()
         if self._resume is not None:
             self.hooks.arm_resume(self._apply_resume)
-        self.server.start()
-        rundir.register(self.info["id"], self.run_dir)
-        rundir.update_info(self.run_dir, status="running", pid=os.getpid(), started=time.time(),
-                           torch_version=torch.__version__, start_step=self.start_step)
-        self.store.set_meta(config=self.config, run=self.info)
-        self.event("run", f"started{' from step %d' % self.start_step if self.start_step else ''}")
+        if self.primary:
+            self.server.start()
+            rundir.register(self.info["id"], self.run_dir)
+            rundir.update_info(self.run_dir, status="running", pid=os.getpid(), started=time.time(),
+                               torch_version=torch.__version__, start_step=self.start_step,
+                               world_size=self.dist.world_size)
+            self.store.set_meta(config=self.config, run=self.info, world_size=self.dist.world_size)
+            self.event("run", f"started{' from step %d' % self.start_step if self.start_step else ''}"
+                       + (f" with {self.dist.world_size} ranks" if self.dist.multi else ""))
         self._flusher = threading.Thread(target=self._flush_loop, name="ptdash-flush", daemon=True)
         self._flusher.start()
 
@@ -116,6 +136,12 @@ class Engine:
                 log.exception("final checkpoint failed")
         self.hooks.detach()
         self.doctor.detach()
+        if self.dist.ready and self.primary and self.dist.exchanges:
+            steps = max(1, self.hooks.step - self.start_step)
+            self.event("run", f"rank channel: {self.dist.exchanges} command exchanges over {steps} steps, "
+                              f"{self.dist.exchange_seconds / self.dist.exchanges * 1e3:.2f} ms each, "
+                              f"{self.dist.exchange_seconds / steps * 1e6:.0f} us per step on average",
+                       exchanges=self.dist.exchanges, seconds=self.dist.exchange_seconds, steps=steps)
         self.exit_code = exit_code
         self.detail = detail
         self.set_state(state)
@@ -124,12 +150,18 @@ class Engine:
         if self._flusher is not None:
             self._flusher.join(timeout=10)
         self._flush()
-        self.server.stop()
-        self.store.close()
-        rundir.update_info(self.run_dir, status=state, exit_code=exit_code, ended=time.time(),
-                           steps=self.hooks.step)
-        rundir.unregister(self.info["id"])
+        if self.primary:
+            self.server.stop()
+            self.store.close()
+            rundir.update_info(self.run_dir, status=state, exit_code=exit_code, ended=time.time(),
+                               steps=self.hooks.step)
+            rundir.unregister(self.info["id"])
         ENGINE = None
+
+    def setup_distributed(self) -> None:
+        """At the first optimizer step (every rank): join the command channel if DDP is on."""
+        if self.dist.multi and self.dist.setup() and self.primary:
+            self.event("run", f"rank channel up: {self.dist.world_size} ranks")
 
     # -------------------------------------------------------------- state, events
 
@@ -144,8 +176,8 @@ class Engine:
             self.state = state
         if "paused_at" in changes:
             self.paused_at = changes["paused_at"]
-        self.server.publish(self.status())
-        if state is not None:
+        self._publish(self.status())
+        if state is not None and self.primary:
             try:
                 rundir.update_info(self.run_dir, status=state, step=self.hooks.step)
             except OSError:
@@ -156,21 +188,29 @@ class Engine:
         ev = Event(kind=kind, step=self.hooks.step, wall=time.time(), message=message, data=data)
         with self._lock:
             self._events.append((ev.wall, ev.step, ev.kind, ev.message, ev.data))
-        self.server.publish(ev)
+        self._publish(ev)
 
     # -------------------------------------------------- effects used by Controls
 
     def ack(self, cmd: Command, ok: bool, step: int | None, message: str) -> None:
-        self.server.publish(Ack(id=cmd.id, name=cmd.name, ok=ok, step=step, message=message))
+        if not self.primary:
+            return
+        self._publish(Ack(id=cmd.id, name=cmd.name, ok=ok, step=step, message=message))
         self.event("command", f"{cmd.name}: {message}" if ok else f"{cmd.name} refused: {message}",
                    id=cmd.id, name=cmd.name, value=cmd.value, ok=ok, applied_step=step)
 
-    def heartbeat(self) -> None:
-        """Called from the pause loop; a hook for DDP's keep-alive collective."""
+    def step_seconds(self) -> float:
+        return self.hooks.last_step_s
 
     def kill(self) -> None:
-        """Immediate end, from the server thread: flush what we can, then SIGKILL ourselves."""
+        """Immediate end, from the server thread: flush what we can, then SIGKILL every rank here."""
         self.event("run", "killed on request")
+        for pid in self.dist.local_pids():
+            if pid != os.getpid():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         self.set_state("crashed")
         try:
             rundir.update_info(self.run_dir, status="crashed", exit_code=-signal.SIGKILL, ended=time.time())
@@ -181,6 +221,8 @@ class Engine:
     def start_profile(self, cmd: Command | None, step: int, steps: int | None = None) -> None:
         """Profile the next steps with torch.profiler (training thread, at a step start)."""
         steps = int(steps if steps is not None else cmd.value)
+        if not self.primary:
+            return  # rank 0 profiles; the others keep their pace
         if self._profile is not None:
             if cmd is not None:
                 self.ack(cmd, False, step, "a profile is already being recorded")
@@ -237,7 +279,18 @@ class Engine:
             self.event("anomaly", f"skipped the non-finite update of step {step}", step=step)
 
     def checkpoint(self, step: int, reason: str) -> str:
-        """Save a checkpoint now (training thread); return a one-line summary."""
+        """Save a checkpoint now (training thread, every rank); return a one-line summary.
+
+        Under DDP rank 0 writes it, and it counts as complete only once every rank has
+        reached the barrier after the write.
+        """
+        self.dist.barrier()
+        try:
+            return self._save(step, reason) if self.primary else ""
+        finally:
+            self.dist.barrier()
+
+    def _save(self, step: int, reason: str) -> str:
         t0 = time.perf_counter()
         optimizers = self.hooks.live(self.hooks.optimizers)
         if not self.hooks.models and optimizers:
@@ -275,7 +328,7 @@ class Engine:
         self.doctor.on_crash(exc)
         if isinstance(exc, torch.OutOfMemoryError):
             report = system.oom_report(error=exc)
-            if self.config.get("memory_history"):
+            if self.config.get("memory_history") and self.primary:
                 path = self.run_dir / "memory-snapshot.pickle"
                 if system.memory_history_dump(path):
                     report["snapshot"] = str(path)
@@ -372,7 +425,7 @@ class Engine:
                     last_system = now
                 self._flush(system_row)
                 if now - last_status >= 1.0:
-                    self.server.publish(self.status())
+                    self._publish(self.status())
                     last_status = now
             except Exception:  # keep flushing; never take training down
                 log.exception("flush failed")
@@ -407,12 +460,40 @@ class Engine:
         with self._lock:
             events, self._events = self._events, []
         extra = [system_row] if system_row else []
+        if not self.primary:
+            if rows or events or extra:
+                self.dist.push({"rows": rows, "events": events, "extra": extra})
+            return
         if rows or events or blobs or extra:
             self.store.write(rows=rows, events=events, blobs=blobs, extra=extra)
         if rows or extra:
-            self.server.publish(Metrics(rows=rows + extra))
+            self._publish(Metrics(rows=rows + extra))
         if layers_msg is not None:
-            self.server.publish(layers_msg)
+            self._publish(layers_msg)
+        if self.dist.multi:
+            self._collect_ranks(rows)
+
+    def _collect_ranks(self, own_rows: list) -> None:
+        """Rank 0: store and publish what the other ranks pushed; name stalled ranks."""
+        now = time.monotonic()
+        if own_rows:
+            self._rank_progress[0] = (own_rows[-1][0], now)
+        for rank, payload in self.dist.pull():
+            events = [(w, s, k, f"rank {rank}: {m}", d) for w, s, k, m, d in payload["events"]]
+            self.store.write(rows=payload["rows"], rank=rank, events=events, extra=payload["extra"])
+            if payload["rows"] or payload["extra"]:
+                self._publish(Metrics(rows=payload["rows"] + payload["extra"], rank=rank))
+            if payload["rows"]:
+                self._rank_progress[rank] = (payload["rows"][-1][0], now)
+                self._stalled.discard(rank)
+        limit = float(self.config.get("stall_seconds") or 120)
+        if self.state != "running":
+            return
+        for rank, (step, since) in self._rank_progress.items():
+            if now - since > limit and rank not in self._stalled:
+                self._stalled.add(rank)
+                self.event("anomaly", f"rank {rank} stalled: no step for {now - since:.0f} s (at step {step})",
+                           rank=rank, step=step)
 
     def _names_for(self, params: list) -> list[str]:
         """Parameter names for a list of parameters (cached while the list's shape holds)."""

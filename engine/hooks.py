@@ -62,6 +62,9 @@ class Hooks:
         self._resume = None
         self._resume_fire = None
         self._resume_handle = None
+        self._dist_checked = False
+        self.last_step_s = 0.0
+        """Duration of the latest step, for spacing the rank exchanges."""
 
     # ------------------------------------------------------------ attach / detach
 
@@ -278,8 +281,11 @@ class Hooks:
         closure = args[1] if len(args) > 1 else kwargs.get("closure")
         if main:
             self._t_pre = time.perf_counter()
+            if not self._dist_checked:
+                self._dist_checked = True
+                self.engine.setup_distributed()
             controls = self.engine.controls
-            if controls.has_work():
+            if controls.has_work(self.step):
                 if closure is None:
                     # Serve what the forward hook would have served (model not known yet).
                     controls.at_save_point(self.step)
@@ -395,7 +401,7 @@ class Hooks:
         lr_source = effective or [(g, g["lr"]) for g in opt.param_groups]
         for i, (_, lr) in enumerate(lr_source):
             _put(host, device, f"opt/lr/group{i}", lr)
-        host["time/step_s"] = now - self._t_post
+        host["time/step_s"] = self.last_step_s = now - self._t_post
         if self._t_forward is not None and self._t_pre is not None:
             host["time/data_s"] = max(0.0, self._t_forward - self._t_post)
             host["time/compute_s"] = max(0.0, self._t_pre - self._t_forward)
@@ -426,7 +432,7 @@ class Hooks:
             self._t_forward = time.perf_counter()
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._samples += args[0].shape[0]
-        if self.engine.controls.has_work():
+        if self.engine.controls.has_work(self.step):
             self.engine.controls.at_save_point(self.step)
 
 

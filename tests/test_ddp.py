@@ -143,7 +143,8 @@ def test_users_own_torchrun_runs_the_engine_module(tmp_path):
                 return (0, 0)
         wait_for(lambda: min(steps()) >= 3, 90, what="both ranks stepping")
         listed = ptdash("ls", cwd=tmp_path)
-        assert run_dir.name in listed.stdout and "running" in listed.stdout
+        line = next(x for x in listed.stdout.splitlines() if run_dir.name in x)
+        assert line.split()[1] == "live", listed.stdout
         paused = ptdash("ctl", str(run_dir), "pause", cwd=tmp_path)
         assert paused.returncode == 0 and "paused at step" in paused.stdout, paused.stderr
         time.sleep(1.0)

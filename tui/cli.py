@@ -76,6 +76,8 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="record CUDA allocations; on out-of-memory, save a snapshot for PyTorch's memory viewer")
     p.add_argument("--update-ratio-every", type=int, default=20, metavar="K",
                    help="measure each parameter's update/weight ratio every K steps (0: never; default 20)")
+    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                   help="launch N ranks through torch.distributed's launcher (DDP)")
     p.add_argument("--flush-interval", type=_positive_arg("flush interval"), default=0.25, metavar="S",
                    help="seconds between metric flushes (default 0.25)")
     p.add_argument("target", nargs=argparse.REMAINDER, help="script (or module) and its arguments")
@@ -170,13 +172,17 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
         run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), args.name or name, extra)
     env = dict(os.environ, PTDASH_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
     output = open(run_dir / "output.log", "ab")
+    if args.nproc_per_node > 1:
+        command = [sys.executable, "-m", "ptdash.launch", "--nproc-per-node", str(args.nproc_per_node), "--", *target]
+    else:
+        command = [sys.executable, "-m", "ptdash.bootstrap", *target]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ptdash.bootstrap", *target],
+        command,
         stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env,
         # Its own session: closing the terminal (SIGHUP) or Ctrl-C here never reaches training.
         start_new_session=True)
     output.close()
-    rundir.update_info(run_dir, pid=proc.pid)
+    rundir.update_info(run_dir, pid=proc.pid, launcher_pid=proc.pid, nproc_per_node=args.nproc_per_node)
     return run_dir, proc
 
 
