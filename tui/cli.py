@@ -78,6 +78,8 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="measure each parameter's update/weight ratio every K steps (0: never; default 20)")
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="launch N ranks through torch.distributed's launcher (DDP)")
+    p.add_argument("--stall-timeout", type=_positive_arg("stall timeout"), default=120, metavar="S",
+                   help="name a rank that makes no step for S seconds (default 120)")
     p.add_argument("--flush-interval", type=_positive_arg("flush interval"), default=0.25, metavar="S",
                    help="seconds between metric flushes (default 0.25)")
     p.add_argument("target", nargs=argparse.REMAINDER, help="script (or module) and its arguments")
@@ -155,6 +157,7 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
         "flush_interval": args.flush_interval, "on_anomaly": args.on_anomaly,
         "profile_steps": list(args.profile_steps) if args.profile_steps else None,
         "memory_history": args.memory_history, "update_ratio_every": args.update_ratio_every,
+        "stall_seconds": args.stall_timeout,
     }
     if args.checkpoint_every:
         kind, value = args.checkpoint_every
