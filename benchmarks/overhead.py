@@ -1,0 +1,501 @@
+"""What ptdash's instrumentation costs a training loop, measured inside one process.
+
+    python benchmarks/overhead.py [--workloads mlp,gpt] [--steps N] [--rounds N]
+                                  [--warmup N] [--threads 1] [--no-client]
+
+Two reference workloads, both on CPU:
+
+- ``mlp``: 15 Linear layers (30 parameter tensors), width 128, batch 64, Adam. A step
+  takes a few milliseconds, so per-step fixed costs dominate.
+- ``gpt``: a GPT decoder, 4 layers, d=256, 4 heads, 64 tokens x batch 8, AdamW +
+  OneCycleLR + ``clip_grad_norm_(..., 1.0)``. A realistic loop.
+
+Variants, run in interleaved blocks of ``--steps`` steps, ``--rounds`` times (the order
+rotates every round so drift favours none):
+
+- ``plain``: the loop alone;
+- ``norm`` (mlp only): the loop plus one ``torch._foreach_norm`` over the gradients after
+  backward, the reference for the MLP target;
+- ``ptdash``: the real engine's hooks attached, with the defaults the ``ptdash`` command
+  uses (config ``{}``: loss, LR, total and per-parameter gradient norms every step,
+  update ratios every 20 steps, records flushed four times a second);
+- ``naive``: ``p.grad.norm().item()`` for every parameter plus ``loss.item()`` every
+  step, as a hand-written logger often does it; for reference.
+
+One ``Engine`` per workload runs for the whole measurement: its flusher and socket server
+threads keep running during every variant, as in a real run; only its hooks are detached
+outside the ``ptdash`` blocks. By default a dashboard stand-in (a subprocess reading every
+frame through ``ptdash.transport.Client``) stays connected, as the dashboard would.
+
+Two measures per block: the median wall-clock step time, and the process CPU time per
+step (the training thread plus the engine's threads, counted on through a short pause
+after the block so the flusher's work on the block's last steps is charged to it). With
+one intra-op thread every kernel runs on the training thread, and CPU time leaves out the
+time other processes hold the cores, so it is the steadier measure on a shared machine;
+it also sees costs paid every 20th step, which a median does not. Each variant's time is
+the median over blocks; overheads and ratios are paired per round (against the same
+round's ``plain`` block), medians over rounds, with their interquartile range.
+
+Targets: on ``gpt`` ptdash costs at most 1%; on ``mlp`` at most one fused norm pass (the
+``norm`` variant's cost over ``plain``, measured the same way in the same run) plus
+50 µs per step. The last lines print PASS or FAIL per target and measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LABELS = {
+    "plain": "plain",
+    "norm": "plain + one `_foreach_norm` (reference)",
+    "ptdash": "ptdash (default hooks)",
+    "naive": "naive `.item()` per param",
+}
+WORKLOADS = {  # variants; steps per block, rounds, warm-up steps (a few minutes in all on 2 cores)
+    "mlp": (("plain", "norm", "ptdash", "naive"), 100, 16, 200),
+    "gpt": (("plain", "ptdash", "naive"), 6, 12, 6),
+}
+GPT_TARGET_RATIO = 1.01
+MLP_BUDGET_US = 50.0
+
+# The dashboard stand-in: reads every frame the engine publishes until the engine closes.
+CLIENT_CODE = r"""
+import sys, time
+from ptdash.protocol import Metrics
+from ptdash.transport import Client, TransportError
+
+client = Client(sys.argv[1], sys.argv[2], name="overhead-benchmark")
+client.connect()
+print("connected", flush=True)
+messages = rows = 0
+try:
+    while True:
+        msg = client.recv(None)
+        if isinstance(msg, Metrics):
+            messages += 1
+            rows += len(msg.rows)
+except TransportError:
+    pass
+print(messages, rows, time.process_time(), flush=True)
+"""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="mlp,gpt", help="comma-separated: mlp, gpt (default: both)")
+    defaults = lambda i: ", ".join(f"{k} {v[i]}" for k, v in WORKLOADS.items())  # noqa: E731
+    parser.add_argument("--steps", type=int, help=f"measured steps per block (default: {defaults(1)})")
+    parser.add_argument("--rounds", type=int, help=f"rounds of one block per variant (default: {defaults(2)})")
+    parser.add_argument("--warmup", type=int, help=f"steps before measuring, twice (default: {defaults(3)})")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="OMP_NUM_THREADS and torch.set_num_threads (default 1)")
+    parser.add_argument("--no-client", dest="client", action="store_false",
+                        help="no connected dashboard stand-in")
+    args = parser.parse_args(argv)
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = set(args.workloads) - set(WORKLOADS)
+    if unknown or not args.workloads:
+        parser.error(f"unknown workload(s) {', '.join(sorted(unknown)) or '(none)'}; choose from mlp, gpt")
+    for name in ("steps", "rounds", "threads", "warmup"):
+        # At least one warm-up step: the engine discovers the model at the first step.
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    return args
+
+
+# ------------------------------------------------------------------- workloads
+
+
+class Workload:
+    """A model, its optimizer (and schedule), a pool of batches and one training step."""
+
+    def __init__(self, name: str, title: str, model, opt, batches, loss_fn, sched=None,
+                 clip: float | None = None) -> None:
+        self.name, self.title = name, title
+        self.model, self.opt, self.sched, self.clip = model, opt, sched, clip
+        self.batches, self.loss_fn = batches, loss_fn
+        self.params = [p for g in opt.param_groups for p in g["params"]]
+        self.logged: list = []
+        self._i = 0
+
+    def step(self, variant: str) -> None:
+        import torch
+
+        x, y = self.batches[self._i % len(self.batches)]
+        self._i += 1
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        if variant == "norm":
+            self.logged = torch._foreach_norm([p.grad for p in self.params])
+        elif variant == "naive":
+            # A host sync per value: cheap on CPU, a stall per parameter on a GPU.
+            self.logged = [loss.item()] + [p.grad.norm().item() for p in self.params]
+        if self.clip is not None:
+            # Looked up at call time, as a script's `torch.nn.utils.clip_grad_norm_` is.
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.opt.step()
+        if self.sched is not None:
+            self.sched.step()
+
+
+def make_mlp(total_steps: int) -> Workload:
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(0)
+    width, depth, batch, classes = 128, 15, 64, 10
+    layers: list = []
+    for i in range(depth):
+        layers.append(torch.nn.Linear(width, classes if i == depth - 1 else width))
+        if i < depth - 1:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batches = [(torch.randn(batch, width, generator=gen), torch.randint(0, classes, (batch,), generator=gen))
+               for _ in range(8)]
+    n = sum(1 for _ in model.parameters())
+    return Workload("mlp", f"MLP ({n} tensors, batch {batch})", model, opt, batches, F.cross_entropy)
+
+
+def make_gpt(total_steps: int) -> Workload:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    vocab, block, batch, n_layer, d, heads = 256, 64, 8, 4, 256, 4
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = (t.view(B, T, heads, C // heads).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), Attention(), nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
+            self.blocks = nn.Sequential(*[Block() for _ in range(n_layer)])
+            self.ln_f = nn.LayerNorm(d)
+            self.head = nn.Linear(d, vocab, bias=False)
+            self.head.weight = self.tok.weight
+
+        def forward(self, idx):
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+            return self.head(self.ln_f(self.blocks(x)))
+
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = GPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=total_steps)
+    batches = []
+    for _ in range(8):
+        data = torch.randint(0, vocab, (batch, block + 1), generator=gen)
+        batches.append((data[:, :-1], data[:, 1:]))
+
+    def loss_fn(logits, targets):
+        return F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
+
+    n = sum(1 for _ in model.parameters())
+    return Workload("gpt", f"GPT ({n_layer}x{d}, {n} tensors, AdamW+OneCycle+clip)", model, opt, batches,
+                    loss_fn, sched=sched, clip=1.0)
+
+
+MAKERS = {"mlp": make_mlp, "gpt": make_gpt}
+
+
+# ---------------------------------------------------------------------- engine
+
+
+@contextmanager
+def live_engine(root: Path, name: str, client: bool):
+    """A real Engine with the CLI's defaults, started; finished on exit."""
+    from ptdash import rundir
+    from ptdash.engine import Engine
+
+    run_dir = rundir.create(root, name, {"config": {}})
+    engine = Engine(run_dir, {})
+    engine.start()
+    reader = None
+    if client:
+        info = rundir.read_info(run_dir)
+        reader = subprocess.Popen([sys.executable, "-c", CLIENT_CODE, info["socket"], rundir.read_token(run_dir)],
+                                  stdout=subprocess.PIPE, text=True)
+        if reader.stdout.readline().strip() != "connected":
+            raise RuntimeError("the dashboard stand-in could not connect")
+    result = {"client": None}
+    try:
+        yield engine, result
+    finally:
+        engine.finish("finished", 0)
+        if reader is not None:
+            out, _ = reader.communicate(timeout=30)
+            result["client"] = out.split()
+
+
+def instrument(engine, on: bool) -> None:
+    """Attach or detach everything the engine hooks into torch."""
+    doctor = getattr(engine, "doctor", None)
+    if on:
+        engine.hooks.attach()
+        if doctor is not None:
+            doctor.attach()
+        # attach() does not reinstall the model's forward pre-hook that detach() removed.
+        if engine.hooks.models and engine.hooks._model_hook is None:
+            engine.hooks.set_models(engine.hooks.models)
+    else:
+        engine.hooks.detach()
+        if doctor is not None:
+            doctor.detach()
+
+
+# ------------------------------------------------------------------ measuring
+
+
+@dataclass
+class Result:
+    workload: Workload
+    variants: tuple[str, ...]
+    wall: dict[str, list[float]] = field(default_factory=dict)
+    """Per variant, the median wall-clock step time (s) of each block, in round order."""
+    cpu: dict[str, list[float]] = field(default_factory=dict)
+    """Per variant, the process CPU time per step (s) of each block, flusher work included."""
+    threads: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per variant, CPU seconds of the engine's threads over all blocks, and the steps."""
+    norm_isolated: list[float] = field(default_factory=list)
+    """Per round, the median time (s) of one torch._foreach_norm over hot gradients."""
+    steps_recorded: int = 0
+    client: list | None = None
+
+    def __post_init__(self) -> None:
+        for v in self.variants:
+            self.wall[v], self.cpu[v] = [], []
+            self.threads[v] = {"ptdash-flush": 0.0, "ptdash-server": 0.0, "steps": 0}
+
+
+def engine_threads() -> dict[str, int]:
+    """CPU clock ids of the engine's flusher and server threads."""
+    return {t.name: time.pthread_getcpuclockid(t.ident) for t in threading.enumerate()
+            if t.name in ("ptdash-flush", "ptdash-server") and t.ident is not None}
+
+
+def time_block(w: Workload, variant: str, steps: int, settle: float, result: Result) -> None:
+    """Run one block; record its median wall step time and CPU time per step."""
+    w.step(variant)  # the first step after a switch pays for the switch
+    clocks = engine_threads()
+    thread0 = {name: time.clock_gettime(c) for name, c in clocks.items()}
+    times = []
+    cpu0 = time.process_time()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        w.step(variant)
+        times.append(time.perf_counter() - t0)
+    time.sleep(settle)
+    result.wall[variant].append(statistics.median(times))
+    result.cpu[variant].append((time.process_time() - cpu0) / steps)
+    for name, c in clocks.items():
+        result.threads[variant][name] += time.clock_gettime(c) - thread0[name]
+    result.threads[variant]["steps"] += steps
+
+
+def time_norm_isolated(grads: list, repeats: int = 31) -> float:
+    """Median time of one fused norm pass over ``grads`` timed alone, caches hot."""
+    import torch
+
+    times = []
+    with torch.no_grad():
+        torch._foreach_norm(grads)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch._foreach_norm(grads)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(name: str, steps: int, rounds: int, warmup: int, root: Path, client: bool,
+            load: list) -> Result:
+    variants = WORKLOADS[name][0]
+    total = warmup * 2 + rounds * len(variants) * (steps + 1) + 10
+    with live_engine(root, name, client) as (engine, extra):
+        settle = engine.flush_interval + 0.1
+        # Built with the hooks attached, as under the ptdash command, so discovery runs.
+        w = MAKERS[name](total)
+        result = Result(w, variants)
+        for _ in range(warmup):
+            w.step("plain")
+        instrument(engine, False)
+        for _ in range(warmup):
+            w.step("plain")
+        for r in range(rounds):
+            k = r % len(variants)
+            for variant in variants[k:] + variants[:k]:
+                instrument(engine, variant == "ptdash")
+                time_block(w, variant, steps, settle, result)
+                instrument(engine, False)
+            result.norm_isolated.append(time_norm_isolated([p.grad for p in w.params if p.grad is not None]))
+            load.append(os.getloadavg()[0])
+        result.steps_recorded = engine.hooks.step
+    result.client = extra["client"]
+    return result
+
+
+# ------------------------------------------------------------------- reporting
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def summarize(result: Result) -> dict:
+    """Medians over blocks, and per-round paired ratios and differences against plain."""
+    wall0, cpu0 = result.wall["plain"], result.cpu["plain"]
+    out = {}
+    for v in result.variants:
+        wall, cpu = result.wall[v], result.cpu[v]
+        out[v] = {
+            "ms": statistics.median(wall) * 1e3,
+            "ratio": quartiles([b / p for b, p in zip(wall, wall0)]),
+            "us": quartiles([(b - p) * 1e6 for b, p in zip(wall, wall0)]),
+            "cpu_ms": statistics.median(cpu) * 1e3,
+            "cpu_ratio": quartiles([b / p for b, p in zip(cpu, cpu0)]),
+            "cpu_us": quartiles([(b - p) * 1e6 for b, p in zip(cpu, cpu0)]),
+        }
+    return out
+
+
+def _iqr(q: tuple[float, float, float], fmt: str) -> str:
+    return f"{q[1]:{fmt}} [{q[0]:{fmt}}, {q[2]:{fmt}}]"
+
+
+def table(results: list[Result], summaries: list[dict]) -> str:
+    """The markdown table for the README."""
+    lines = ["| workload | variant | median step (ms) | vs plain [IQR] | overhead µs/step [IQR] "
+             "| CPU/step (ms) | CPU overhead µs/step [IQR] |",
+             "|---|---|---|---|---|---|---|"]
+    for result, s in zip(results, summaries):
+        for v in result.variants:
+            row = s[v]
+            if v == "plain":
+                ratio = us = cpu_us = "–"
+            else:
+                ratio, us, cpu_us = _iqr(row["ratio"], ".3f"), _iqr(row["us"], "+.0f"), _iqr(row["cpu_us"], "+.0f")
+            lines.append(f"| {result.workload.title} | {LABELS[v]} | {row['ms']:.2f} | {ratio} | {us} "
+                         f"| {row['cpu_ms']:.2f} | {cpu_us} |")
+    return "\n".join(lines)
+
+
+def thread_lines(results: list[Result]) -> list[str]:
+    """Where the engine's own threads spend CPU, per training step of each variant."""
+    lines = []
+    for result in results:
+        parts = []
+        for v in result.variants:
+            t = result.threads[v]
+            steps = max(t["steps"], 1)
+            parts.append(f"{v} {t['ptdash-flush'] / steps * 1e6:.0f}/{t['ptdash-server'] / steps * 1e6:.0f}")
+        line = f"{result.workload.name}: engine threads' CPU per step, flusher/server µs: " + ", ".join(parts)
+        if result.client is not None and len(result.client) >= 3:
+            messages, rows, cpu = result.client[:3]
+            line += (f"; the dashboard stand-in read {messages} Metrics messages ({rows} rows) "
+                     f"using {float(cpu) * 1e3:.0f} ms CPU in all")
+        lines.append(line)
+    return lines
+
+
+def verdicts(results: list[Result], summaries: list[dict]) -> list[str]:
+    """One PASS/FAIL line per target and measure (wall-clock median, CPU time)."""
+    lines = []
+    for result, s in zip(results, summaries):
+        p = s["ptdash"]
+        if result.workload.name == "gpt":
+            for what, ratio, us in (("wall", p["ratio"][1], p["us"][1]),
+                                    ("CPU", p["cpu_ratio"][1], p["cpu_us"][1])):
+                lines.append(f"{'PASS' if ratio <= GPT_TARGET_RATIO else 'FAIL'} gpt, {what}: ptdash/plain = "
+                             f"{ratio:.4f} ({us:+.0f} µs/step; target <= {GPT_TARGET_RATIO})")
+        else:
+            iso = statistics.median(result.norm_isolated) * 1e6
+            for what, key in (("wall", "us"), ("CPU", "cpu_us")):
+                norm, us = s["norm"][key][1], p[key][1]
+                budget = norm + MLP_BUDGET_US
+                lines.append(f"{'PASS' if us <= budget else 'FAIL'} mlp, {what}: ptdash {us:+.0f} µs/step; target <= "
+                             f"one fused norm pass in the loop {norm:+.0f} µs + {MLP_BUDGET_US:.0f} = {budget:.0f} µs "
+                             f"(the same pass timed alone: {iso:.0f} µs)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # OpenMP sizes its pool from the environment when torch loads: set it before the import.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is optional
+    import torch
+
+    torch.set_num_threads(args.threads)
+    load_start = os.getloadavg()
+    print(f"ptdash overhead benchmark: torch {torch.__version__}, Python {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs, {torch.get_num_threads()} intra-op thread(s), "
+          f"dashboard stand-in {'connected' if args.client else 'off'}")
+    print("Timings on a shared machine are noisy (other processes compete for the same cores): "
+          "read the IQR brackets and the load average before trusting small differences.")
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in load_start)}", flush=True)
+    results, load = [], []
+    with tempfile.TemporaryDirectory(prefix="ptdash-overhead-") as tmp:
+        for name in args.workloads:
+            variants, *defaults = WORKLOADS[name]
+            steps, rounds, warmup = (a if a is not None else d
+                                     for a, d in zip((args.steps, args.rounds, args.warmup), defaults))
+            t0 = time.monotonic()
+            print(f"{name}: {rounds} rounds x {len(variants)} variants x {steps} steps "
+                  f"(+{warmup * 2} warm-up) ...", flush=True)
+            result = measure(name, steps, rounds, warmup, Path(tmp), args.client, load)
+            results.append(result)
+            print(f"{name}: done in {time.monotonic() - t0:.0f} s; the engine recorded {result.steps_recorded} "
+                  f"steps (expected {warmup + rounds * (steps + 1)})", flush=True)
+    load_end = os.getloadavg()
+    summaries = [summarize(r) for r in results]
+    print()
+    print(table(results, summaries))
+    print()
+    print(f"load average (1/5/15 min) at start {' '.join(f'{x:.2f}' for x in load_start)}, "
+          f"at end {' '.join(f'{x:.2f}' for x in load_end)}; 1-min during the run: "
+          f"min {min(load):.2f}, median {statistics.median(load):.2f}, max {max(load):.2f} "
+          f"on {os.cpu_count()} CPUs")
+    for line in thread_lines(results) + verdicts(results, summaries):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
