@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import random
 import shutil
 import sys

@@ -136,6 +136,21 @@ def registered() -> list[Path]:
     return dirs
 
 
+def engine_alive(info: dict) -> bool:
+    """Whether the process run.json names is alive and is still a ptdash engine.
+
+    The command line is checked (where /proc has it) so that a pid reused by another
+    program after the engine died does not keep a lost run looking live.
+    """
+    pid = info.get("pid")
+    if not isinstance(pid, int) or not pid_alive(pid):
+        return False
+    try:
+        return b"ptdash" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+
+
 def pid_alive(pid: int | None) -> bool:
     """Whether a process with this pid exists (ours or not)."""
     if not pid:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from ptdash import rundir
 from ptdash.protocol import ENDED
+from ptdash.store import STORE_NAME, StoreError, StoreReader
+
+LS_STATES = {"running": "live", "starting": "starting", "pausing": "paused", "paused": "paused",
+             "stopping": "stopping"}
+"""How ``ptdash ls`` names the state of a run whose engine is alive."""
 
 
 @dataclass(frozen=True)
@@ -17,21 +23,39 @@ class RunSummary:
     path: Path
     info: dict
 
-    @property
+    @cached_property
     def live(self) -> bool:
-        return self.info.get("status") not in ENDED and rundir.pid_alive(self.info.get("pid"))
+        """The engine is running (or paused) and can be attached to."""
+        return self.info.get("status") not in ENDED and rundir.engine_alive(self.info)
 
     @property
     def state(self) -> str:
+        """``live``, ``paused``, ``finished``, ``crashed``, ``stopped`` or ``lost`` (and
+        ``starting``/``stopping`` in passing)."""
         status = self.info.get("status", "?")
-        if status not in ENDED and not rundir.pid_alive(self.info.get("pid")):
+        if status in ENDED:
+            return status
+        if not self.live:
             # The engine died without recording its end (SIGKILL, power loss).
             return "lost" if self.info.get("pid") else "starting"
-        return status
+        return LS_STATES.get(status, status)
 
     @property
     def started(self) -> float:
         return float(self.info.get("started") or self.info.get("created") or 0)
+
+    @cached_property
+    def step(self) -> int | None:
+        """The newest stored step (run.json's count when the store cannot say)."""
+        try:
+            with StoreReader(self.path / STORE_NAME) as reader:
+                step = reader.last_step()
+        except StoreError:
+            step = None
+        recorded = self.info.get("steps", self.info.get("step"))
+        if step is None and isinstance(recorded, int):
+            return recorded
+        return step
 
 
 def all_runs(root: Path | None = None) -> list[RunSummary]:
