@@ -461,10 +461,13 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
     meta: dict = {}
     pending: list[str] = []
     layers: list[Layers] = []
+    damage: StoreError | None = None
     try:
         reader = StoreReader(Path(run_dir) / STORE_NAME)
-    except StoreError:
+    except StoreError as exc:
         reader = None
+        if (Path(run_dir) / STORE_NAME).exists():
+            damage = exc
     if reader is not None:
         with reader:
             for name in reader.names():
@@ -477,6 +480,9 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
             events = reader.events()
             meta = reader.meta()
             layers = load_layers(reader)
+            damage = reader.damage
+    if damage is not None:  # shown in the events pane: what was read, and where it stopped
+        events.append(dict(id=0, wall=time.time(), step=None, kind="warning", message=str(damage), data={}))
     last_step = walls[0][-1] if walls[0] else None
     status = status_from_files(info, last_step) if info else None
     return History(info=info, series=series, walls=walls, events=events, status=status, meta=meta,
