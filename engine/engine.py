@@ -455,8 +455,8 @@ class Engine:
                                 names=names if fresh else None, shapes=self._layer_shapes if fresh else None)
             self._sent_names = names
             blobs.append(("layers", last.step, _json_bytes(
-                {"names": names if fresh else None, "grad_norms": last.grad_norms, "update_ratios": ratios,
-                 "flags": flags})))
+                {"names": names if fresh else None, "shapes": self._layer_shapes if fresh else None,
+                 "grad_norms": last.grad_norms, "update_ratios": ratios, "flags": flags})))
         with self._lock:
             events, self._events = self._events, []
         extra = [system_row] if system_row else []
