@@ -402,3 +402,12 @@ def test_the_dashboard_opens_a_damaged_run_and_says_where_it_stopped(tmp_path):
 
     last = asyncio.run(scenario())
     assert last is not None and last < 3000
+
+
+def test_the_reattach_benchmark_runs(tmp_path):
+    """benchmarks/reattach.py at a small size, so it cannot rot (the 1M-step figures are its own run)."""
+    bench = Path(__file__).parent.parent / "benchmarks" / "reattach.py"
+    result = subprocess.run([sys.executable, str(bench), "--steps", "20000", "--keep", str(tmp_path), "--target", "30"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "scalar rows/s" in result.stdout and "dashboard drawn" in result.stdout and "last step 20,000" in result.stdout
