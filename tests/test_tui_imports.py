@@ -8,12 +8,13 @@ import subprocess
 import sys
 
 HEADLESS = ["ptdash.tui.source", "ptdash.tui.state", "ptdash.tui.chart", "ptdash.tui.panels", "ptdash.tui.layers",
-            "ptdash.tui.bars", "ptdash.tui.system", "ptdash.tui.profile"]
+            "ptdash.tui.bars", "ptdash.tui.system", "ptdash.tui.profile", "ptdash.tui.ranks", "ptdash.tui.findings"]
 WIDGETS = ["ptdash.tui.app", "ptdash.tui.messages", "ptdash.tui.widgets.chart_panel", "ptdash.tui.widgets.header",
            "ptdash.tui.widgets.overview", "ptdash.tui.widgets.log_pane", "ptdash.tui.widgets.events_pane",
            "ptdash.tui.widgets.quit_dialog", "ptdash.tui.widgets.stop_dialog", "ptdash.tui.widgets.value_dialog",
            "ptdash.tui.widgets.help_screen", "ptdash.tui.widgets.layers_view", "ptdash.tui.widgets.layer_table",
-           "ptdash.tui.widgets.report_view", "ptdash.tui.widgets.oom_screen"]
+           "ptdash.tui.widgets.report_view", "ptdash.tui.widgets.oom_screen",
+           "ptdash.tui.widgets.ranks_view"]
 
 
 def _modules_after(imports: list[str]) -> set[str]:

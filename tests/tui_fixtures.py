@@ -4,7 +4,8 @@
 StoreWriter, events, output.log) holding a demo-like run: loss decaying with noise, a
 OneCycle LR over two param groups, grad norms under a clip line. ``FakeEngine`` serves
 that run's control socket with the real ``transport.Server``: it records the commands
-it receives and answers them with Ack and Status as the engine would.
+it receives and answers them with Ack and Status as the engine would. ``make_ddp_run``
+adds the rows of more ranks (one of them slow) and the doctor's findings.
 """
 
 from __future__ import annotations
@@ -137,6 +138,66 @@ def make_run(root: Path, steps: int = 500, status: str = "running", name: str = 
     return run_dir
 
 
+RANK_LOSS = 100.0
+"""Ranks above 0 record a loss near this, so a rank's rows in rank 0's charts would show."""
+
+FINDINGS = (
+    ("grads-never-cleared", "gradients are never cleared: .grad of all 4 parameters keeps growing",
+     "backward() adds to .grad instead of replacing it", "call optimizer.zero_grad() once per step", "error"),
+    ("input-bound", "62% of each step waits for data (DataLoader num_workers=0)",
+     "the training loop itself loads and collates every batch", "set num_workers=4", "warning"),
+)
+"""(id, what, why, fix, severity) of the findings ``make_ddp_run`` stores, oldest first."""
+
+
+def finding_event(rule: str, what: str, why: str, fix: str, step: int, wall: float, rank: int = 0) -> tuple:
+    """A stored ``finding`` event as the engine writes it (another rank's says so first)."""
+    prefix = f"rank {rank}: " if rank else ""
+    return (wall, step, "finding", f"{prefix}{rule}: {what}",
+            {"id": rule, "what": what, "why": why, "fix": fix, "step": step, "source": "train.py:42"})
+
+
+def rank_row(step: int, rank: int, rng: random.Random, wall: float, slow: float = 1.0) -> list:
+    """One step of rank ``rank``: its own loss near RANK_LOSS and timings ``slow`` times rank 0's."""
+    step_s = (0.05 + abs(rng.gauss(0, 0.002))) * slow
+    return [step, wall, {
+        "loss": RANK_LOSS + rank + rng.random(),
+        "time/step_s": step_s,
+        "time/data_s": 0.25 * step_s,
+        "time/compute_s": 0.6 * step_s,
+        "time/optim_s": 0.15 * step_s,
+        "throughput/samples_per_s": 64 / step_s,
+        "host/rss_bytes": 1.0e9 + rank * 1e8,
+        "grad/norm_total": 1.0,
+    }]
+
+
+def make_ddp_run(root: Path, steps: int = 200, world_size: int = 2, slow_rank: int = 1, slow: float = 2.0,
+                 status: str = "running", findings: bool = True, **info) -> Path:
+    """``make_run`` with ``world_size`` ranks: rows of ranks 1.. (``slow_rank`` ``slow`` times slower).
+
+    With ``findings``, the store also holds FINDINGS (the first raised by rank 0 and by
+    rank 1); ``info`` goes into run.json (``rank_failures``, ``detail``).
+    """
+    start = time.time() - steps * 0.05 - 5
+    events = []
+    if findings:
+        for i, (rule, what, why, fix, _) in enumerate(FINDINGS):
+            events.append(finding_event(rule, what, why, fix, 20 + i * 30, start + 3 + i))
+        rule, what, why, fix, _ = FINDINGS[0]
+        events.append(finding_event(rule, what, why, fix, 20, start + 3, rank=1))
+    run_dir = make_run(root, steps=steps, status=status, extra_events=events)
+    writer = StoreWriter(run_dir / STORE_NAME)
+    for rank in range(1, world_size):
+        rng = random.Random(rank)
+        factor = slow if rank == slow_rank else 1.0
+        writer.write(rows=[rank_row(s, rank, rng, start + 2 + s * 0.05, factor) for s in range(1, steps + 1)],
+                     rank=rank)
+    writer.close()
+    rundir.update_info(run_dir, world_size=world_size, **info)
+    return run_dir
+
+
 class FakeEngine:
     """The engine's side of the control socket, backed by the real ``transport.Server``.
 
@@ -145,14 +206,14 @@ class FakeEngine:
     send) is refused like the real engine does.
     """
 
-    def __init__(self, run_dir: Path, step: int = 500) -> None:
+    def __init__(self, run_dir: Path, step: int = 500, world_size: int = 1) -> None:
         self.run_dir = Path(run_dir)
         info = rundir.read_info(run_dir)
         self.commands: list[Command] = []
         self.status = Status(state="running", step=step, total_steps=TOTAL_STEPS)
         self._lock = threading.Lock()
         self._rng = random.Random(1)
-        welcome = Welcome(run_id=info["id"], run_dir=str(run_dir), pid=0)
+        welcome = Welcome(run_id=info["id"], run_dir=str(run_dir), pid=0, world_size=world_size)
         self.server = Server(Path(info["socket"]), rundir.read_token(run_dir), welcome,
                              on_command=self._on_command, on_connect=lambda: [self.status])
 

@@ -19,9 +19,9 @@ from textual.widgets import Footer, TabbedContent, TabPane
 
 from ptdash.protocol import ENDED, Ack, Command, Event, Layers, Metrics, Status
 
-from . import profile, system
+from . import findings, profile, ranks, system
 from .messages import SourceUpdate
-from .source import Backfill, Connection, History, LogLines, Source, new_command_id
+from .source import Backfill, Connection, History, LogLines, RunInfo, Source, new_command_id
 from .state import EventLine, RunState, command_text, fmt_si
 from .widgets.events_pane import EventsPane
 from .widgets.header import RunHeader
@@ -31,6 +31,7 @@ from .widgets.log_pane import LogPane
 from .widgets.oom_screen import OomScreen
 from .widgets.overview import Overview
 from .widgets.quit_dialog import QuitDialog
+from .widgets.ranks_view import RanksView
 from .widgets.report_view import ReportView
 from .widgets.stop_dialog import StopDialog
 from .widgets.value_dialog import ValueDialog
@@ -64,6 +65,8 @@ class DashboardApp(App[str]):
         Binding("2", "show_tab('layers')", "Layers tab", id="tab.layers", show=False),
         Binding("3", "show_tab('system')", "System tab", id="tab.system", show=False),
         Binding("4", "show_tab('profiler')", "Profiler tab", id="tab.profiler", show=False),
+        Binding("5", "show_tab('ranks')", "Ranks tab (DDP)", id="tab.ranks", show=False),
+        Binding("6", "show_tab('doctor')", "Doctor tab", id="tab.doctor", show=False),
     ]
 
     def __init__(self, source: Source, *, redraw_hz: float = 4.0, profile_steps: int = 5) -> None:
@@ -76,6 +79,8 @@ class DashboardApp(App[str]):
         self._sent: dict[str, str] = {}
         self._last_redraw = 0.0
         self._redraw_timer = None
+        self._ranks_shown = True
+        self._doctor_count = 0
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
@@ -88,10 +93,15 @@ class DashboardApp(App[str]):
                 yield ReportView(system.report, system.versions, id="system-view")
             with TabPane("4 Profiler", id="profiler"):
                 yield ReportView(profile.report, profile.versions, id="profiler-view")
+            with TabPane("5 Ranks", id="ranks"):
+                yield RanksView(id="ranks-view")
+            with TabPane("6 Doctor", id="doctor"):
+                yield ReportView(findings.report, findings.versions, id="doctor-view")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.query_one(RunHeader).run_name = self.source.name
+        self._show_ranks_tab()
         self.source.start(self._deliver)
 
     def on_unmount(self) -> None:
@@ -130,7 +140,11 @@ class DashboardApp(App[str]):
             elif isinstance(obj, Backfill):
                 for name, (steps, values) in obj.series.items():
                     self.state.get(name).merge(steps, values)
+                self._merge_ranks(obj.ranks)
                 self.state.add_walls(*obj.walls)
+            elif isinstance(obj, RunInfo):
+                self.state.info = {**self.state.info, **obj.info}
+                self.state.note_info(obj.info)
             elif isinstance(obj, Connection):
                 self.state.connected = obj.connected
                 self.state.connection_note = obj.note
@@ -147,16 +161,26 @@ class DashboardApp(App[str]):
         state = self.state
         if history.info:
             state.info = history.info
+            state.note_info(history.info)
+        state.note_world_size(history.meta.get("world_size"))
         for name, (steps, values) in history.series.items():
             state.get(name).extend(steps, values)
+        self._merge_ranks(history.ranks)
         state.add_walls(*history.walls)
         for layers in history.layers:
             state.add_layers(layers)
+        for event in history.events[:-HISTORY_EVENTS]:
+            state.note_event(event)  # older than the pane shows, but a finding or a stall still counts
         for event in history.events[-HISTORY_EVENTS:]:
             line = state.add_event(event)
             if line is not None:
                 new_events.append(line)
         return history.status is not None and self._apply_status(history.status, new_events)
+
+    def _merge_ranks(self, ranks: dict[int, dict]) -> None:
+        for rank, own in ranks.items():
+            for name, (steps, values) in own.items():
+                self.state.rank_get(rank, name).merge(steps, values)
 
     def _apply_status(self, status: Status, new_events: list[EventLine]) -> bool:
         """Take a new status; True when the state changed (so the keys may change)."""
@@ -213,6 +237,22 @@ class DashboardApp(App[str]):
         self.query_one(LayersView).refresh_layers(state.layers)
         for view in self.query(ReportView):
             view.refresh_report(state)
+        self._show_ranks_tab()
+        self.query_one(RanksView).refresh_ranks(state)
+        if len(state.findings) != self._doctor_count:
+            self._doctor_count = len(state.findings)
+            self.query_one(TabbedContent).get_tab("doctor").label = f"6 Doctor ({self._doctor_count})"
+
+    def _show_ranks_tab(self) -> None:
+        """The Ranks tab is there only for a run of several ranks."""
+        multi = self.state.world_size > 1
+        if multi != self._ranks_shown:
+            self._ranks_shown = multi
+            tabs = self.query_one(TabbedContent)
+            if multi:
+                tabs.show_tab("ranks")
+            else:
+                tabs.hide_tab("ranks")
 
     # ------------------------------------------------------------------- commands
 
@@ -263,6 +303,9 @@ class DashboardApp(App[str]):
         self.query_one("#profiler-view", ReportView).refresh_report(self.state)
 
     def action_show_tab(self, tab: str) -> None:
+        if tab == "ranks" and not self._ranks_shown:
+            self.notify(ranks.SINGLE, timeout=4)
+            return
         self.query_one(TabbedContent).active = tab
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:

@@ -6,8 +6,8 @@ and calls it from its own thread with what it learns, in order:
 - one ``History`` (everything the store held when the source looked),
 - then live protocol messages (``Metrics``, ``Status``, ``Ack``, ``Event``, ``Layers``),
   ``Backfill`` (rows read back from the store to fill a gap in the live stream),
-  ``LogLines`` (new lines of the script's output.log) and ``Connection`` (the link to
-  the engine came up, went down, or never will).
+  ``LogLines`` (new lines of the script's output.log), ``RunInfo`` (run.json changed)
+  and ``Connection`` (the link to the engine came up, went down, or never will).
 
 The app must treat ``post`` as called from a foreign thread.
 """
@@ -29,6 +29,8 @@ from ptdash.protocol import ENDED, STATES, Ack, Command, Event, Layers, Metrics,
 from ptdash.store import STORE_NAME, StoreError, StoreReader
 from ptdash.transport import Client, TransportError
 
+from .state import rank_wants
+
 HISTORY_POINTS = 4000
 """Points per series read from the store on (re)attach; decimated in SQL beyond that."""
 
@@ -38,6 +40,9 @@ decimating a long series costs a scan of it (about a second per million steps)."
 
 LAYER_FLUSHES = 300
 """Newest per-parameter gradient records (one per engine flush) read on attach."""
+
+RANK_POINTS = 1000
+"""Points per series of each rank above 0 read on attach (the few series the Ranks tab reads)."""
 
 HISTORY_WALLS = 1000
 """Newest step wall times read on attach (for steps/s; elapsed time comes from run.json)."""
@@ -72,6 +77,8 @@ class History:
     """Series left out to show the charts sooner; a Backfill with them follows."""
     layers: list[Layers] = field(default_factory=list)
     """The newest stored per-parameter records, oldest first; the first carries names."""
+    ranks: dict[int, dict[str, tuple[list[int], list[float | None]]]] = field(default_factory=dict)
+    """Per rank above 0, the series the Ranks tab reads (decimated to RANK_POINTS)."""
 
 
 @dataclass
@@ -80,6 +87,15 @@ class Backfill:
 
     series: dict[str, tuple[list[int], list[float | None]]]
     walls: tuple[list[int], list[float]]
+    ranks: dict[int, dict[str, tuple[list[int], list[float | None]]]] = field(default_factory=dict)
+    """Per rank above 0, new rows of the series the Ranks tab reads."""
+
+
+@dataclass
+class RunInfo:
+    """run.json as read now (with the world size the engine's Welcome gave): failed ranks, end time."""
+
+    info: dict
 
 
 @dataclass
@@ -190,6 +206,8 @@ class LiveSource(Source):
         self._gaps: list[tuple[int, int, float]] = []
         self._pending: list[str] = []
         self._layer_count = 0
+        self._rank_last: dict[tuple[int, str], int] = {}
+        self._world_size: int | None = None
         self.can_control = False
 
     def start(self, post: Post) -> None:
@@ -230,6 +248,8 @@ class LiveSource(Source):
         try:
             history = load_history(self.run_dir)
             self._remember(history.series, history.walls)
+            self._remember_ranks(history.ranks)
+            self._world_size = world_size(history.info, history.meta) or max(history.ranks, default=-1) + 1 or None
             self._pending = list(history.pending)
             if history.layers:
                 self._layer_count = len(history.layers[-1].grad_norms)
@@ -245,6 +265,7 @@ class LiveSource(Source):
                 backfill = self._read_new()
                 if backfill is not None:
                     post(backfill)
+                post(RunInfo({**self.info, "world_size": self._world_size or 1}))
                 self.can_control = True
                 post(Connection(True, "live"))
                 self._load_pending(post)
@@ -274,8 +295,9 @@ class LiveSource(Source):
             status, pid = info.get("status"), info.get("pid")
             try:
                 client = Client(info["socket"], rundir.read_token(self.run_dir), name=self.client_name)
-                client.connect(timeout=5.0)
+                welcome = client.connect(timeout=5.0)
                 self._client = client
+                self._world_size = max(welcome.world_size, self._world_size or 1)
                 return None
             except (TransportError, OSError, KeyError) as exc:
                 reason = "run.json names no socket" if isinstance(exc, KeyError) else str(exc)
@@ -316,6 +338,11 @@ class LiveSource(Source):
     def _filter(self, msg: Metrics) -> Metrics | None:
         """Drop values the history already holds; note the gap when rows were dropped."""
         if msg.rank != 0:
+            self._world_size = max(self._world_size or 1, msg.rank + 1)
+            for step, _, values in msg.rows:
+                for name in values:
+                    key = (msg.rank, name)
+                    self._rank_last[key] = max(self._rank_last.get(key, -1), step)
             return msg
         if msg.dropped and msg.rows:
             self._gaps.append((self._last_wall_step, msg.rows[0][0], time.monotonic() + 10.0))
@@ -379,6 +406,7 @@ class LiveSource(Source):
         crashed after a short grace (the launcher may still be writing its end).
         """
         last_state = None
+        last_info = None
         gone_since: float | None = None
         while not self._stop.is_set():
             info = _read_info(self.run_dir)
@@ -390,6 +418,9 @@ class LiveSource(Source):
                 post(backfill)
             if info is not None:
                 self.info = info
+                if info != last_info:  # before the status, so a crash arrives with its failed ranks
+                    post(RunInfo(info))
+                    last_info = info
                 status = status_from_files(info, self._last_wall_step if self._last_wall_step >= 0 else None)
                 if status.state not in ENDED and info.get("pid") and not rundir.pid_alive(info["pid"]):
                     gone_since = gone_since or time.monotonic()
@@ -425,10 +456,12 @@ class LiveSource(Source):
                 if steps:
                     series[name] = (steps, values)
             walls = reader.walls(after_step=self._last_wall_step)
-        if not series and not walls[0]:
+            ranks = load_ranks(reader, range(1, self._world_size or 1), self._rank_last)
+        if not series and not walls[0] and not ranks:
             return None
         self._remember(series, walls)
-        return Backfill(series, walls)
+        self._remember_ranks(ranks)
+        return Backfill(series, walls, ranks)
 
     def _remember(self, series: dict, walls: tuple[list[int], list[float]]) -> None:
         for name, (steps, _) in series.items():
@@ -436,6 +469,12 @@ class LiveSource(Source):
                 self._last[name] = max(self._last.get(name, -1), steps[-1])
         if walls[0]:
             self._last_wall_step = max(self._last_wall_step, walls[0][-1])
+
+    def _remember_ranks(self, ranks: dict) -> None:
+        for rank, own in ranks.items():
+            for name, (steps, _) in own.items():
+                if steps:
+                    self._rank_last[(rank, name)] = max(self._rank_last.get((rank, name), -1), steps[-1])
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -461,6 +500,7 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
     meta: dict = {}
     pending: list[str] = []
     layers: list[Layers] = []
+    ranks: dict[int, dict] = {}
     damage: StoreError | None = None
     try:
         reader = StoreReader(Path(run_dir) / STORE_NAME)
@@ -480,13 +520,43 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
             events = reader.events()
             meta = reader.meta()
             layers = load_layers(reader)
+            size = world_size(info, meta)
+            ranks = load_ranks(reader, range(1, size) if size else [r for r in reader.ranks() if r != 0])
             damage = reader.damage
     if damage is not None:  # shown in the events pane: what was read, and where it stopped
         events.append(dict(id=0, wall=time.time(), step=None, kind="warning", message=str(damage), data={}))
     last_step = walls[0][-1] if walls[0] else None
     status = status_from_files(info, last_step) if info else None
     return History(info=info, series=series, walls=walls, events=events, status=status, meta=meta,
-                   pending=pending, layers=layers)
+                   pending=pending, layers=layers, ranks=ranks)
+
+
+def world_size(info: dict, meta: dict) -> int | None:
+    """The run's number of ranks as run.json or the store's meta recorded it; None when neither did."""
+    for size in (info.get("world_size"), meta.get("world_size")):
+        if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+            return size
+    return None
+
+
+def load_ranks(reader: StoreReader, ranks, after: dict[tuple[int, str], int] | None = None) -> dict:
+    """``{rank: {name: (steps, values)}}`` of the series the Ranks tab reads, for ``ranks``.
+
+    With ``after`` (``(rank, name)`` -> step), only newer rows; ranks and series without
+    any are left out.
+    """
+    names = [n for n in reader.names() if rank_wants(n)]
+    out: dict[int, dict] = {}
+    for rank in ranks:
+        own = {}
+        for name in names:
+            steps, values = reader.series(name, rank=rank, max_points=RANK_POINTS,
+                                          after_step=None if after is None else after.get((rank, name), -1))
+            if steps:
+                own[name] = (steps, values)
+        if own:
+            out[rank] = own
+    return out
 
 
 def load_layers(reader: StoreReader, limit: int = LAYER_FLUSHES) -> list[Layers]:

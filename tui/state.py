@@ -7,16 +7,28 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from ptdash.protocol import ENDED, Ack, Event, Layers, Metrics, Status
 
+from .findings import Findings
 from .layers import LayerStats
 
 SERIES_CAP = 8000
 """Points a series buffer holds before it decimates itself to half of that."""
+
+RANK_SERIES = ("loss", "time/step_s", "time/data_s", "throughput/samples_per_s", "host/rss_bytes")
+"""The series kept of ranks other than 0 (the Ranks tab's columns), besides GPU memory."""
+
+_GPU_ALLOCATED = re.compile(r"^gpu\d+/mem_allocated_bytes$")
+
+
+def rank_wants(name: str) -> bool:
+    """Whether the Ranks tab reads series ``name`` of every rank."""
+    return name in RANK_SERIES or _GPU_ALLOCATED.match(name) is not None
 
 
 # ------------------------------------------------------------------------- decimation
@@ -228,6 +240,20 @@ class RunState:
     """The latest ``hint`` (input-bound advice), shown under the step-time breakdown."""
     pause_reason: str | None = None
     """Why the engine paused the run by itself (an anomaly), until it runs again."""
+    findings: Findings = field(default_factory=Findings)
+    """The training doctor's findings (``finding`` events), one per rule."""
+    world_size: int = 1
+    """Ranks of the run: the most that run.json, the store, the engine or the rows said."""
+    rank_series: dict[int, dict[str, Series]] = field(default_factory=dict)
+    """Per rank, its series (``RANK_SERIES`` for ranks above 0); rank 0's is ``series`` itself."""
+    stalled: dict[int, int] = field(default_factory=dict)
+    """Rank -> the step it stalled at (an ``anomaly`` event); it counts until the rank steps again."""
+    rank_failures: dict[int, int] = field(default_factory=dict)
+    """Rank -> exit code of the ranks that failed, the first being the cause (run.json's ``rank_failures``)."""
+
+    def __post_init__(self) -> None:
+        self.rank_series[0] = self.series
+        self.note_info(self.info)
 
     @property
     def ended(self) -> bool:
@@ -240,6 +266,39 @@ class RunState:
             series = self.series[name] = Series()
         return series
 
+    def rank_get(self, rank: int, name: str) -> Series:
+        """Series ``name`` of ``rank``, created empty when new (rank 0: ``get``)."""
+        if rank == 0:
+            return self.get(name)
+        self.note_world_size(rank + 1)
+        own = self.rank_series.setdefault(rank, {})
+        series = own.get(name)
+        if series is None:
+            series = own[name] = Series()
+        return series
+
+    def rank_step(self, rank: int) -> int | None:
+        """The newest step ``rank`` recorded, None before its first."""
+        return max((s.last_step for s in self.rank_series.get(rank, {}).values() if s.last_step is not None),
+                   default=None)
+
+    def note_world_size(self, size: object) -> None:
+        if isinstance(size, int) and not isinstance(size, bool) and size > self.world_size:
+            self.world_size = size
+
+    def note_info(self, info: dict) -> None:
+        """Take what run.json says about the ranks: how many, and which failed how."""
+        self.note_world_size(info.get("world_size"))
+        self._note_failures(info.get("rank_failures"))
+
+    def _note_failures(self, failures: object) -> None:
+        if not isinstance(failures, list):
+            return
+        for failure in failures:
+            if isinstance(failure, dict) and isinstance(failure.get("rank"), int):
+                self.rank_failures.setdefault(failure["rank"], failure.get("exitcode"))
+                self.note_world_size(failure["rank"] + 1)
+
     def add_walls(self, steps: list[int], walls: list[float]) -> None:
         for s, w in zip(steps, walls):
             self.rate.add(s, w)
@@ -248,8 +307,9 @@ class RunState:
             self.last_wall = walls[-1] if self.last_wall is None else max(self.last_wall, walls[-1])
 
     def add_metrics(self, msg: Metrics) -> None:
-        """Fold one live batch in (rank 0 only for now: the charts are per run)."""
+        """Fold one live batch in: rank 0's feeds the charts, other ranks' only the Ranks tab."""
         if msg.rank != 0:
+            self._add_rank_rows(msg.rank, msg.rows)
             return
         columns: dict[str, tuple[list[int], list[float | None]]] = {}
         steps, walls = [], []
@@ -263,6 +323,18 @@ class RunState:
         for name, (s, v) in columns.items():
             self.get(name).extend(s, v)
         self.add_walls(steps, walls)
+
+    def _add_rank_rows(self, rank: int, rows: list) -> None:
+        columns: dict[str, tuple[list[int], list[float | None]]] = {}
+        for step, _, values in rows:
+            for name, value in values.items():
+                if rank_wants(name):
+                    col = columns.setdefault(name, ([], []))
+                    col[0].append(step)
+                    col[1].append(value)
+        self.note_world_size(rank + 1)
+        for name, (s, v) in columns.items():
+            self.rank_get(rank, name).extend(s, v)
 
     def add_layers(self, msg: Layers) -> None:
         """Fold per-parameter gradient statistics in (rank 0, like the charts)."""
@@ -290,14 +362,14 @@ class RunState:
         self.events.append(line)
         return line
 
+    def note_event(self, event: Event | dict) -> None:
+        """Keep what the tabs show of an event that gets no line in the events pane (older history)."""
+        self._note(*_event_fields(event))
+
     def add_event(self, event: Event | dict) -> EventLine | None:
         """Record an engine event; a command event already shown by its ack is skipped."""
-        get = event.get if isinstance(event, dict) else lambda k, d=None: getattr(event, k, d)
-        data = get("data") or {}
-        kind, message = get("kind"), get("message")
-        if not isinstance(data, dict):
-            data = {}
-        self._note(kind, message, data)
+        kind, message, data, step, wall = _event_fields(event)
+        self._note(kind, message, data, step, wall)
         command_id = data.get("id")
         if kind == "command" and command_id is not None:
             if command_id in self.seen_commands:
@@ -306,15 +378,24 @@ class RunState:
         level = EVENT_LEVELS.get(kind, "info")
         if (kind == "command" and data.get("ok") is False) or (kind == "profile" and data.get("error")):
             level = "error"
-        step = get("step")
         where = f"step {step} " if step is not None else ""
-        line = EventLine(get("wall") or time.time(), step, f"{where}{kind}: {message}", level)
+        what = f"⚑ doctor: {message}" if kind == "finding" else f"{kind}: {message}"
+        line = EventLine(wall or time.time(), step, f"{where}{what}", level)
         self.events.append(line)
         return line
 
-    def _note(self, kind: str, message: str, data: dict) -> None:
-        """Keep what the Profiler and System tabs and the header show of an event."""
-        if kind == "profile":
+    def _note(self, kind: str, message: str, data: dict, step: int | None = None, wall: float | None = None) -> None:
+        """Keep what the tabs and the header show of an event."""
+        if kind == "finding":
+            self.findings.add(message, data, step, wall or time.time())
+        elif kind == "anomaly" and (stalled := _STALLED.match(message or "")):
+            rank = data.get("rank") if isinstance(data.get("rank"), int) else int(stalled.group(1))
+            at = data.get("step")
+            self.stalled[rank] = at if isinstance(at, int) else (step or 0)
+            self.note_world_size(rank + 1)
+        elif kind == "run":
+            self._note_failures(data.get("failures"))
+        elif kind == "profile":
             self.profile, self.profile_pending, self.profile_note = data, None, None
         elif kind == "command" and data.get("name") == "profile" and data.get("ok"):
             self.profile_pending = f"{message.partition(': ')[2] or 'profiling'}…"
@@ -326,8 +407,18 @@ class RunState:
             self.pause_reason = f"non-finite gradient in {data.get('layer') or 'the loss'}"
 
 
-EVENT_LEVELS = {"anomaly": "error", "oom": "error", "warning": "warning", "hint": "warning", "checkpoint": "ok"}
-"""How loud each event kind is in the events pane."""
+EVENT_LEVELS = {"anomaly": "error", "oom": "error", "warning": "warning", "hint": "warning", "checkpoint": "ok",
+                "finding": "finding"}
+"""How loud each event kind is in the events pane (a doctor's finding has a look of its own)."""
+
+_STALLED = re.compile(r"^rank (\d+) stalled\b")
+
+
+def _event_fields(event: Event | dict) -> tuple[str, str, dict, int | None, float | None]:
+    """(kind, message, data, step, wall) of a live Event or a stored event's dict."""
+    get = event.get if isinstance(event, dict) else lambda k, d=None: getattr(event, k, d)
+    data = get("data") or {}
+    return get("kind"), get("message"), data if isinstance(data, dict) else {}, get("step"), get("wall")
 
 
 # ------------------------------------------------------------------------- formatting

@@ -11,7 +11,8 @@ from textual.widgets import RichLog
 
 from ..state import EventLine
 
-LEVEL_STYLES = {"ok": "green", "error": "bold red", "warning": "yellow", "dim": "dim", "info": ""}
+LEVEL_STYLES = {"ok": "green", "error": "bold red", "warning": "yellow", "dim": "dim", "info": "",
+                "finding": "bold magenta"}
 
 
 def event_text(line: EventLine) -> Text:
