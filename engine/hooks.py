@@ -213,9 +213,11 @@ class Hooks:
 
         def zero_grad(opt, *args, **kwargs):
             if hooks.main is not None and hooks.main() is opt and not hooks._in_step:
-                # Losses of a step GradScaler skipped (no optimizer hook fired) must not
-                # be added to the next step's loss.
+                # What a step GradScaler skipped left behind (no optimizer hook fired)
+                # must not be counted in the next step.
                 hooks._losses.clear()
+                hooks._norms = None
+                hooks._clip_max = None
             hooks.engine.on_zero_grad(opt)
             return original(opt, *args, **kwargs)
 

@@ -121,3 +121,17 @@ def test_closure_optimizer_and_grad_accumulation(tmp_path):
     assert losses[:10] == expected["accum"]
     assert micro[:10] == [4.0] * 10
     assert losses[10:] == expected["lbfgs"]
+
+
+def test_gradscaler_losses_are_unscaled_and_skipped_steps_leave_nothing(tmp_path):
+    result = ptdash("--headless", "--run-dir", "run", str(SCRIPTS / "amp_scaler.py"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    taken = json.loads((tmp_path / "taken.json").read_text())
+    skipped = 30 - len(taken)
+    assert skipped >= 1, result.stdout  # the huge initial scale overflowed the first step
+    with StoreReader(tmp_path / "run" / "metrics.db") as store:
+        steps, losses = store.series("loss")
+        _, norms = store.series("grad/norm_total")
+    assert steps == list(range(1, len(taken) + 1))
+    assert losses == taken  # unscaled, and no skipped iteration's loss leaked into a step
+    assert all(n is not None and n < 1e6 for n in norms)  # unscaled gradient norms
