@@ -212,7 +212,7 @@ class Hooks:
         hooks = self
 
         def zero_grad(opt, *args, **kwargs):
-            if hooks.main is not None and hooks.main() is opt and not hooks._in_step:
+            if (hooks.main is None or hooks.main() is opt) and not hooks._in_step:
                 # What a step GradScaler skipped left behind (no optimizer hook fired)
                 # must not be counted in the next step.
                 hooks._losses.clear()
