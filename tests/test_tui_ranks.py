@@ -159,7 +159,8 @@ def test_ranks_and_doctor_tabs_follow_a_ddp_run(tmp_path):
             # Live rows of rank 1 reach its row, never rank 0's charts.
             engine.step(3)
             rng = random.Random(5)
-            engine.server.publish(Metrics(rank=1, rows=[rank_row(s, 1, rng, time.time(), 2.0) for s in (201, 202, 203)]))
+            live = [rank_row(s, 1, rng, time.time(), slow=2.0) for s in (201, 202, 203)]
+            engine.server.publish(Metrics(rank=1, rows=live))
             await until(pilot, lambda: app.state.rank_step(1) == 203 and app.state.rank_step(0) == 203,
                         what="live rows of both ranks")
             loss = app.state.series["loss"]

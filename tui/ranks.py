@@ -117,7 +117,7 @@ STATUS_STYLES = {"ok": "green", "stalled": "bold yellow", "failed": "bold white 
 
 def table(state: RunState, width: int = 0) -> RenderableType:
     """The rank table, with a line on what the straggler score means and how the run ended."""
-    if state.world_size <= 1 and len(state.rank_series) <= 1:
+    if state.world_size <= 1:
         return Text(f" {SINGLE}", "dim")
     rows = rank_rows(state)
     gpu = any(r.memory_kind == "gpu" for r in rows)

@@ -50,7 +50,7 @@ class RanksView(Vertical):
         self._seen = key
         self.query_one("#ranks-table", Static).update(ranks.table(state, self.size.width))
         chart = self.query_one("#ranks-chart", ChartPanel)
-        chart.display = state.world_size > 1 or len(state.rank_series) > 1
+        chart.display = state.world_size > 1
         chart.legend, chart.chart = ranks.step_chart(state)
 
     def on_show(self) -> None:
