@@ -5,8 +5,9 @@
 
 The dashboard is opened read-only (ReplaySource) on the run, headless, and saved as SVGs:
 the Overview at 120x36 and 80x24 (dashboard.svg, dashboard-80x24.svg), the Layers tab
-sorted by grad norm with the top parameter charted (layers.svg), and the System tab
-(system.svg).
+sorted by grad norm with the top parameter charted (layers.svg), the System tab
+(system.svg) and the Doctor tab (doctor.svg). The Ranks tab needs a run of several ranks
+(``--run-dir`` of one recorded with ``--nproc-per-node``); on such a run it is shot too (ranks.svg).
 Recording uses the real CLI: ``ptdash --headless demo`` in a temporary directory,
 stopped cleanly with ``ptdash ctl RUN stop`` after ``--seconds``.
 """
@@ -32,8 +33,12 @@ SHOTS = (
     ((80, 24), (), "dashboard-80x24.svg"),
     ((120, 36), ("2", "o", "enter"), "layers.svg"),
     ((120, 36), ("3",), "system.svg"),
+    ((120, 36), ("6",), "doctor.svg"),
 )
 """(terminal size, keys pressed after loading, file name) of each screenshot."""
+
+RANKS_SHOT = ((120, 36), ("5",), "ranks.svg")
+"""Taken only of a run with several ranks (the tab is hidden otherwise)."""
 
 
 def record_demo(workdir: Path, seconds: float, demo_args: list[str]) -> Path:
@@ -78,8 +83,9 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ptdash-shots-") as tmp:
         run_dir = args.run_dir or record_demo(Path(tmp), args.seconds, shlex.split(args.demo_args))
-        rundir.read_info(run_dir)  # a clear error for a path that is not a run
-        for size, keys, name in SHOTS:
+        info = rundir.read_info(run_dir)  # a clear error for a path that is not a run
+        shots = SHOTS + ((RANKS_SHOT,) if (info.get("world_size") or 1) > 1 else ())
+        for size, keys, name in shots:
             asyncio.run(screenshot(run_dir, size, keys, args.out / name))
             print(f"wrote {args.out / name}")
     return 0
