@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
 import sys
 import time
 from io import StringIO
@@ -19,13 +20,14 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).parent))
 
 from test_tui_app import screen_text, until  # noqa: E402
+from test_tui_source import Inbox  # noqa: E402
 from tui_fixtures import FINDINGS, RANK_LOSS, FakeEngine, make_ddp_run, make_run, rank_row  # noqa: E402
 
 from ptdash import rundir  # noqa: E402
 from ptdash.protocol import Metrics, Status  # noqa: E402
 from ptdash.tui import findings, ranks  # noqa: E402
 from ptdash.tui.app import make_app  # noqa: E402
-from ptdash.tui.source import LiveSource, ReplaySource, load_history  # noqa: E402
+from ptdash.tui.source import LiveSource, ReplaySource, RunInfo, load_history  # noqa: E402
 from ptdash.tui.state import RunState  # noqa: E402
 from ptdash.tui.widgets.chart_panel import ChartPanel  # noqa: E402
 
@@ -135,6 +137,28 @@ def test_history_loads_each_ranks_series(tmp_path):
     assert "grad/norm_total" not in history.ranks[1]
     assert max(history.series["loss"][1]) < RANK_LOSS  # rank 0's loss only
     assert history.ranks[1]["loss"][0][-1] == 50
+
+
+def test_source_waits_for_the_launcher_to_name_the_failed_rank(tmp_path):
+    """Rank 0's engine records the crash first; the launcher names the failed ranks after."""
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run_dir = make_ddp_run(tmp_path, steps=20, findings=False, status="crashed", pid=None,
+                               launcher_pid=launcher.pid)
+        inbox = Inbox()
+        source = LiveSource(run_dir)
+        source.start(inbox)
+        inbox.wait(lambda x: isinstance(x, Status) and x.state == "crashed")
+        time.sleep(1.2)  # the source keeps following run.json while the launcher runs
+        rundir.update_info(run_dir, **KILLED)
+        launcher.kill()
+        info = inbox.wait(lambda x: isinstance(x, RunInfo) and x.info.get("rank_failures"), timeout=10).info
+        assert info["detail"] == KILLED["detail"] and info["world_size"] == 2
+        inbox.wait(lambda x: isinstance(x, Status) and x.exit_code == -9)
+        source.close()
+    finally:
+        launcher.kill()
+        launcher.wait()
 
 
 # --------------------------------------------------------------------------- Pilot

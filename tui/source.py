@@ -53,6 +53,9 @@ LOG_TAIL_BYTES = 256 * 1024
 GONE_GRACE_S = 3.0
 """Seconds a dead engine process may leave run.json unfinished before the run counts as crashed."""
 
+LAUNCHER_WAIT_S = 30.0
+"""Longest a source follows an ended run's files while its launcher still runs (to read failed ranks)."""
+
 POLL_S = 0.5
 """How often the source thread looks at output.log and run.json between messages."""
 
@@ -403,12 +406,16 @@ class LiveSource(Source):
         """Without a connection: follow run.json, the store and output.log until the run ends.
 
         A run whose process is gone while run.json still says it runs is reported as
-        crashed after a short grace (the launcher may still be writing its end).
+        crashed after a short grace (the launcher may still be writing its end). A run of
+        several ranks is followed until its launcher is gone too: it records which rank
+        failed how after rank 0's engine has written the end.
         """
-        last_state = None
-        last_info = None
+        last_state = last_status = last_info = None
+        ended_at: float | None = None
         gone_since: float | None = None
         while not self._stop.is_set():
+            # Looked at before run.json is read, so the launcher's last words are read after it is gone.
+            launcher_alive = _launcher_alive(self.info)
             info = _read_info(self.run_dir)
             lines = tail.read()
             if lines:
@@ -427,11 +434,13 @@ class LiveSource(Source):
                     if time.monotonic() - gone_since > GONE_GRACE_S:
                         status = replace(status, state="crashed",
                                          detail="the engine process exited without recording how the run ended")
-                if status.state != last_state:
+                if status.state != last_state or (status.state in ENDED and status != last_status):
                     post(status)
-                    last_state = status.state
+                    last_state, last_status = status.state, status
                 if status.state in ENDED:
-                    return
+                    ended_at = ended_at or time.monotonic()
+                    if not launcher_alive or time.monotonic() - ended_at > LAUNCHER_WAIT_S:
+                        return
             self._stop.wait(1.0)
 
     def _load_pending(self, post: Post) -> None:
@@ -478,6 +487,12 @@ class LiveSource(Source):
 
 
 # ------------------------------------------------------------------------------ helpers
+
+
+def _launcher_alive(info: dict) -> bool:
+    """Whether the launcher of a run of several ranks (not rank 0's own process) still runs."""
+    launcher = info.get("launcher_pid")
+    return bool(launcher) and launcher != info.get("pid") and rundir.pid_alive(launcher)
 
 
 def _read_info(run_dir: Path) -> dict | None:
