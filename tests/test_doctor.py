@@ -213,7 +213,10 @@ def _loop(shape: str, steps: int = 8, config=None):
     try:
         for step in range(1, steps + 1):
             micro = 4 if shape == "accumulate" else 1
-            if shape in ("accumulate", "zero_first"):
+            if shape == "discarded_backward":  # e.g. a GAN: another loss's backward reached these params
+                doctor.on_backward()
+                model(torch.randn(8, 4)).sum().backward()
+            if shape in ("accumulate", "zero_first", "discarded_backward"):
                 doctor.on_zero_grad(opt)
                 opt.zero_grad()
             for _ in range(micro):
@@ -249,7 +252,8 @@ class _LayerRow:
         self.step, self.grad_norms, self.params = step, norms, []
 
 
-@pytest.mark.parametrize("shape", ["zero_first", "accumulate", "module_zero_after", "none_after", "data_zero_after"])
+@pytest.mark.parametrize("shape", ["zero_first", "accumulate", "module_zero_after", "none_after", "data_zero_after",
+                                   "discarded_backward"])
 def test_ways_of_clearing_gradients_raise_nothing(shape):
     assert _loop(shape).found() == []
 
@@ -334,3 +338,106 @@ def test_sync_sampler_counts_lines_that_sync_every_sampled_step():
     (line,) = found[0]["lines"]
     assert line["text"] == "assert sync()  # a line that syncs every step" and line["kind"] == "read-back"
     assert sampler.next_start == 30
+
+
+def test_inplace_crash_under_detect_anomaly_names_the_forward_op():
+    import torch
+    from ptdash.doctor import Doctor
+
+    engine = _Engine({"detect_anomaly": True})
+    doctor = Doctor(engine)
+    doctor.attach()
+    try:
+        h = torch.randn(4, requires_grad=True)
+        y = h.sigmoid()  # the forward op whose output autograd saved
+        y.mul_(2)
+        with pytest.raises(RuntimeError) as caught:
+            y.sum().backward()
+        doctor.on_crash(caught.value)
+    finally:
+        doctor.detach()
+    (finding,) = [e["data"] for e in engine.events if e["kind"] == "finding"]
+    assert finding["id"] == "inplace-autograd" and "y = h.sigmoid()" in finding["what"]
+    assert "test_doctor.py:" in finding["forward_source"]
+    assert "--detect-anomaly" not in finding["fix"]
+
+
+def test_ddp_unused_parameter_error_names_the_parameters():
+    import torch
+    from ptdash.doctor import Doctor
+
+    model = torch.nn.ModuleDict({"used": torch.nn.Linear(4, 1), "spare": torch.nn.Linear(4, 1)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = _Engine()
+    engine.hooks.models = [model]
+    doctor = Doctor(engine)
+    doctor.attach()
+    try:
+        model["used"](torch.randn(2, 4)).sum().backward()
+        doctor.on_pre_step(opt, 1, [p for p in model.parameters() if p.grad is not None])
+        doctor.on_crash(RuntimeError("Expected to have finished reduction in the prior iteration before "
+                                     "starting a new one. This error indicates that your module has parameters "
+                                     "that were not used in producing loss."))
+    finally:
+        doctor.detach()
+    (finding,) = [e["data"] for e in engine.events if e["kind"] == "finding"]
+    assert finding["id"] == "never-learns" and finding["params"] == ["spare.weight", "spare.bias"]
+
+
+def test_input_bound_blames_only_loader_settings_that_explain_it():
+    from ptdash.doctor_rules import DataWatch
+
+    found = []
+    watch = DataWatch(lambda rule, what, **data: found.append((rule, data)), lambda: 0)
+    watch.loader = (4, True, "train.py:9")
+    watch.input_bound(0.8, 30, cuda=True)
+    assert found == []  # parallel and pinned: the generic monitor hint is all there is to say
+    watch.loader = (4, False, "train.py:9")
+    watch.input_bound(0.8, 30, cuda=True)
+    (rule, data), = found
+    assert rule == "input-bound" and "pin_memory=True" in data["fix"] and "num_workers=" not in data["fix"]
+
+
+def test_host_sync_sampling_end_to_end_in_process(monkeypatch):
+    """The doctor's CUDA path with the CUDA calls faked: warnings from the script's line are
+    counted on the two sampled steps, kept from the output, and raise host-syncs once."""
+    import warnings
+
+    import torch
+    from ptdash import doctor_rules
+    from ptdash.doctor import Doctor
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    engine = _Engine()
+    doctor = Doctor(engine)
+    doctor.syncs = doctor_rules.SyncSampler(first=3, set_mode=modes.append, get_mode=lambda: 0)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    shown = []
+    monkeypatch.setattr(warnings, "showwarning", lambda *a, **k: shown.append(a))
+    doctor.attach()
+    doctor._cuda = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # as under PYTHONWARNINGS=ignore: sampling must still count
+            for step in range(1, 7):
+                model(torch.randn(3, 2)).sum().backward()
+                doctor.on_pre_step(opt, step, list(model.parameters()))
+                opt.step()
+                warnings.warn("called a synchronizing CUDA operation")  # loss.item()
+                doctor.on_post_step(opt, step)
+    finally:
+        doctor.detach()
+    (finding,) = [e["data"] for e in engine.events if e["kind"] == "finding"]
+    assert finding["id"] == "host-syncs" and finding["step"] == 4 and "test_doctor.py:" in finding["source"]
+    assert finding["lines"][0]["per_step"] == 1 and modes == ["warn", 0] and shown == []
+
+
+def test_doctor_command_imports_neither_torch_nor_textual():
+    import subprocess
+    import sys
+
+    code = "import sys, ptdash.tui.doctor_cli; print('torch' in sys.modules, 'textual' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
