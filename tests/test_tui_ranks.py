@@ -118,7 +118,7 @@ def test_findings_once_per_rule_newest_first():
               "fix": "try another LR"})]:
         line = state.add_event({"kind": kind, "step": step, "wall": wall, "message": message, "data": data})
         assert line.level == "finding" and "⚑ doctor: " in line.text
-    assert len(state.findings) == 2
+    assert len(state.findings) == 2 and state.findings.worst() == "error"  # the badge's colour
     newest, oldest = state.findings.newest_first()
     assert (newest.id, newest.severity) == ("loss-plateau", "info")
     assert (oldest.id, oldest.severity, oldest.ranks) == ("grads-never-cleared", "error", [0, 1])

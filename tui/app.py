@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
@@ -177,8 +178,8 @@ class DashboardApp(App[str]):
                 new_events.append(line)
         return history.status is not None and self._apply_status(history.status, new_events)
 
-    def _merge_ranks(self, ranks: dict[int, dict]) -> None:
-        for rank, own in ranks.items():
+    def _merge_ranks(self, by_rank: dict[int, dict]) -> None:
+        for rank, own in by_rank.items():
             for name, (steps, values) in own.items():
                 self.state.rank_get(rank, name).merge(steps, values)
 
@@ -241,7 +242,8 @@ class DashboardApp(App[str]):
         self.query_one(RanksView).refresh_ranks(state)
         if len(state.findings) != self._doctor_count:
             self._doctor_count = len(state.findings)
-            self.query_one(TabbedContent).get_tab("doctor").label = f"6 Doctor ({self._doctor_count})"
+            badge = Text(f"({self._doctor_count})", findings.SEVERITY_STYLES[state.findings.worst()])
+            self.query_one(TabbedContent).get_tab("doctor").label = Text.assemble("6 Doctor ", badge)
 
     def _show_ranks_tab(self) -> None:
         """The Ranks tab is there only for a run of several ranks."""

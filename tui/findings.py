@@ -99,6 +99,11 @@ class Findings:
     def newest_first(self) -> list[Finding]:
         return list(self._by_key.values())[::-1]
 
+    def worst(self) -> str:
+        """The highest severity found (``info`` when nothing was)."""
+        found = {f.severity for f in self._by_key.values()}
+        return next((s for s in SEVERITY_STYLES if s in found), "info")
+
 
 # ------------------------------------------------------------------------ drawing
 
