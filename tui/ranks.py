@@ -144,11 +144,12 @@ def table(state: RunState, width: int = 0) -> RenderableType:
             memory,
             Text("N/A" if r.straggler is None else f"{r.straggler:.2f}×", "bold white on red" if slow else ""),
             status)
-    lines: list[RenderableType] = [grid]
-    lines.append(Text(f" straggler = the rank's median step time over its last {RANK_WINDOW} steps / the median "
-                      f"over ranks; above {STRAGGLER} is highlighted", "dim"))
+    lines: list[RenderableType] = []
     if state.rank_failures and state.status is not None and state.status.detail:
         lines.append(Text(f" {state.status.detail.strip().splitlines()[-1]}", "bold red"))
+    lines.append(grid)
+    lines.append(Text(f" straggler: the rank's median step time / the median over ranks; > {STRAGGLER} in red",
+                      "dim"))
     return Group(*lines)
 
 
