@@ -1,7 +1,7 @@
 """What ptdash's instrumentation costs a training loop, measured inside one process.
 
     python benchmarks/overhead.py [--workloads mlp,gpt] [--steps N] [--rounds N]
-                                  [--warmup N] [--threads 1] [--no-client]
+                                  [--warmup N] [--pairs N] [--threads 1] [--no-client]
 
 Two reference workloads, both on CPU:
 
@@ -36,6 +36,12 @@ it also sees costs paid every 20th step, which a median does not. Each variant's
 the median over blocks; overheads and ratios are paired per round (against the same
 round's ``plain`` block), medians over rounds, with their interquartile range.
 
+Last, single steps alternate between the variants (``naive`` left out) ``--pairs`` times,
+timed by the training thread's own CPU clock: adjacent steps see the same machine, so the
+paired difference is the hooks' cost on the training thread, nearly free of other
+processes' noise. Added to the engine threads' CPU per recorded step (from the blocks),
+it gives the instrumentation's whole CPU cost per step.
+
 Targets: on ``gpt`` ptdash costs at most 1%; on ``mlp`` at most one fused norm pass (the
 ``norm`` variant's cost over ``plain``, measured the same way in the same run) plus
 50 µs per step. The last lines print PASS or FAIL per target and measure.
@@ -63,9 +69,9 @@ LABELS = {
     "ptdash": "ptdash (default hooks)",
     "naive": "naive `.item()` per param",
 }
-WORKLOADS = {  # variants; steps per block, rounds, warm-up steps (a few minutes in all on 2 cores)
-    "mlp": (("plain", "norm", "ptdash", "naive"), 100, 16, 200),
-    "gpt": (("plain", "ptdash", "naive"), 6, 12, 6),
+WORKLOADS = {  # variants; steps per block, rounds, warm-up steps, paired cycles (a few minutes in all)
+    "mlp": (("plain", "norm", "ptdash", "naive"), 100, 16, 200, 300),
+    "gpt": (("plain", "ptdash", "naive"), 6, 12, 6, 12),
 }
 GPT_TARGET_RATIO = 1.01
 MLP_BUDGET_US = 50.0
@@ -99,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help=f"measured steps per block (default: {defaults(1)})")
     parser.add_argument("--rounds", type=int, help=f"rounds of one block per variant (default: {defaults(2)})")
     parser.add_argument("--warmup", type=int, help=f"steps before measuring, twice (default: {defaults(3)})")
+    parser.add_argument("--pairs", type=int, help="cycles of single steps alternating the variants "
+                        f"(default: {defaults(4)})")
     parser.add_argument("--threads", type=int, default=1,
                         help="OMP_NUM_THREADS and torch.set_num_threads (default 1)")
     parser.add_argument("--no-client", dest="client", action="store_false",
@@ -108,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.workloads) - set(WORKLOADS)
     if unknown or not args.workloads:
         parser.error(f"unknown workload(s) {', '.join(sorted(unknown)) or '(none)'}; choose from mlp, gpt")
-    for name in ("steps", "rounds", "threads", "warmup"):
+    for name in ("steps", "rounds", "threads", "warmup", "pairs"):
         # At least one warm-up step: the engine discovers the model at the first step.
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
@@ -293,6 +301,8 @@ class Result:
     """Per variant, CPU seconds of the engine's threads over all blocks, and the steps."""
     norm_isolated: list[float] = field(default_factory=list)
     """Per round, the median time (s) of one torch._foreach_norm over hot gradients."""
+    paired: dict[str, list[float]] = field(default_factory=dict)
+    """Per variant, the training thread's CPU time (s) of single steps, cycle by cycle."""
     steps_recorded: int = 0
     client: list | None = None
 
@@ -300,6 +310,8 @@ class Result:
         for v in self.variants:
             self.wall[v], self.cpu[v] = [], []
             self.threads[v] = {"ptdash-flush": 0.0, "ptdash-server": 0.0, "steps": 0}
+            if v != "naive":
+                self.paired[v] = []
 
 
 def engine_threads() -> dict[str, int]:
@@ -341,10 +353,23 @@ def time_norm_isolated(grads: list, repeats: int = 31) -> float:
     return statistics.median(times)
 
 
-def measure(name: str, steps: int, rounds: int, warmup: int, root: Path, client: bool,
+def time_pairs(engine, w: Workload, cycles: int, result: Result) -> None:
+    """Single steps, alternating the variants, timed by the training thread's CPU clock."""
+    variants = tuple(result.paired)
+    for i in range(cycles):
+        k = i % len(variants)
+        for variant in variants[k:] + variants[:k]:
+            instrument(engine, variant == "ptdash")
+            t0 = time.thread_time()
+            w.step(variant)
+            result.paired[variant].append(time.thread_time() - t0)
+            instrument(engine, False)
+
+
+def measure(name: str, steps: int, rounds: int, warmup: int, pairs: int, root: Path, client: bool,
             load: list) -> Result:
     variants = WORKLOADS[name][0]
-    total = warmup * 2 + rounds * len(variants) * (steps + 1) + 10
+    total = warmup * 2 + rounds * len(variants) * (steps + 1) + pairs * (len(variants) - 1) + 10
     with live_engine(root, name, client) as (engine, extra):
         settle = engine.flush_interval + 0.1
         # Built with the hooks attached, as under the ptdash command, so discovery runs.
@@ -363,6 +388,7 @@ def measure(name: str, steps: int, rounds: int, warmup: int, root: Path, client:
                 instrument(engine, False)
             result.norm_isolated.append(time_norm_isolated([p.grad for p in w.params if p.grad is not None]))
             load.append(os.getloadavg()[0])
+        time_pairs(engine, w, pairs, result)
         result.steps_recorded = engine.hooks.step
     result.client = extra["client"]
     return result
@@ -416,16 +442,32 @@ def table(results: list[Result], summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def thread_lines(results: list[Result]) -> list[str]:
-    """Where the engine's own threads spend CPU, per training step of each variant."""
+def costs(result: Result) -> dict:
+    """The instrumentation's CPU cost per step, from the paired steps and the engine threads."""
+    base = result.paired["plain"]
+    out = {}
+    for v, times in result.paired.items():
+        diffs = [(t - b) * 1e6 for t, b in zip(times, base)]
+        out[v] = {"median": statistics.median(diffs), "mean": statistics.fmean(diffs)}
+    for name in ("ptdash-flush", "ptdash-server"):
+        per_step = {v: t[name] / max(t["steps"], 1) * 1e6 for v, t in result.threads.items()}
+        out[name] = per_step["ptdash"] - per_step["plain"]
+    out["total"] = out["ptdash"]["mean"] + out["ptdash-flush"] + out["ptdash-server"]
+    out["plain_us"] = statistics.fmean(base) * 1e6
+    return out
+
+
+def cost_lines(results: list[Result], all_costs: list[dict]) -> list[str]:
+    """Where the instrumentation's CPU goes, per workload."""
     lines = []
-    for result in results:
-        parts = []
-        for v in result.variants:
-            t = result.threads[v]
-            steps = max(t["steps"], 1)
-            parts.append(f"{v} {t['ptdash-flush'] / steps * 1e6:.0f}/{t['ptdash-server'] / steps * 1e6:.0f}")
-        line = f"{result.workload.name}: engine threads' CPU per step, flusher/server µs: " + ", ".join(parts)
+    for result, c in zip(results, all_costs):
+        line = (f"{result.workload.name}: paired single steps ({len(result.paired['plain'])} cycles, training-thread "
+                f"CPU, plain {c['plain_us'] / 1e3:.2f} ms): ptdash hooks {c['ptdash']['median']:+.0f} µs median, "
+                f"{c['ptdash']['mean']:+.0f} µs mean")
+        if "norm" in c:
+            line += f"; one fused norm pass {c['norm']['median']:+.0f} µs median, {c['norm']['mean']:+.0f} µs mean"
+        line += (f"; engine threads per recorded step: flusher {c['ptdash-flush']:+.0f} µs, server "
+                 f"{c['ptdash-server']:+.0f} µs; total {c['total']:+.0f} µs/step")
         if result.client is not None and len(result.client) >= 3:
             messages, rows, cpu = result.client[:3]
             line += (f"; the dashboard stand-in read {messages} Metrics messages ({rows} rows) "
@@ -434,20 +476,22 @@ def thread_lines(results: list[Result]) -> list[str]:
     return lines
 
 
-def verdicts(results: list[Result], summaries: list[dict]) -> list[str]:
-    """One PASS/FAIL line per target and measure (wall-clock median, CPU time)."""
+def verdicts(results: list[Result], summaries: list[dict], all_costs: list[dict]) -> list[str]:
+    """One PASS/FAIL line per target and measure: block wall medians, block CPU, paired CPU cost."""
     lines = []
-    for result, s in zip(results, summaries):
+    for result, s, c in zip(results, summaries, all_costs):
         p = s["ptdash"]
         if result.workload.name == "gpt":
             for what, ratio, us in (("wall", p["ratio"][1], p["us"][1]),
-                                    ("CPU", p["cpu_ratio"][1], p["cpu_us"][1])):
+                                    ("CPU", p["cpu_ratio"][1], p["cpu_us"][1]),
+                                    ("paired CPU cost", 1 + c["total"] / c["plain_us"], c["total"])):
                 lines.append(f"{'PASS' if ratio <= GPT_TARGET_RATIO else 'FAIL'} gpt, {what}: ptdash/plain = "
                              f"{ratio:.4f} ({us:+.0f} µs/step; target <= {GPT_TARGET_RATIO})")
         else:
             iso = statistics.median(result.norm_isolated) * 1e6
-            for what, key in (("wall", "us"), ("CPU", "cpu_us")):
-                norm, us = s["norm"][key][1], p[key][1]
+            for what, us, norm in (("wall", p["us"][1], s["norm"]["us"][1]),
+                                   ("CPU", p["cpu_us"][1], s["norm"]["cpu_us"][1]),
+                                   ("paired CPU cost", c["total"], c["norm"]["mean"])):
                 budget = norm + MLP_BUDGET_US
                 lines.append(f"{'PASS' if us <= budget else 'FAIL'} mlp, {what}: ptdash {us:+.0f} µs/step; target <= "
                              f"one fused norm pass in the loop {norm:+.0f} µs + {MLP_BUDGET_US:.0f} = {budget:.0f} µs "
@@ -474,17 +518,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ptdash-overhead-") as tmp:
         for name in args.workloads:
             variants, *defaults = WORKLOADS[name]
-            steps, rounds, warmup = (a if a is not None else d
-                                     for a, d in zip((args.steps, args.rounds, args.warmup), defaults))
+            steps, rounds, warmup, pairs = (a if a is not None else d for a, d in
+                                            zip((args.steps, args.rounds, args.warmup, args.pairs), defaults))
             t0 = time.monotonic()
             print(f"{name}: {rounds} rounds x {len(variants)} variants x {steps} steps "
-                  f"(+{warmup * 2} warm-up) ...", flush=True)
-            result = measure(name, steps, rounds, warmup, Path(tmp), args.client, load)
+                  f"(+{warmup * 2} warm-up), then {pairs} cycles of single steps ...", flush=True)
+            result = measure(name, steps, rounds, warmup, pairs, Path(tmp), args.client, load)
             results.append(result)
             print(f"{name}: done in {time.monotonic() - t0:.0f} s; the engine recorded {result.steps_recorded} "
-                  f"steps (expected {warmup + rounds * (steps + 1)})", flush=True)
+                  f"steps (expected {warmup + rounds * (steps + 1) + pairs})", flush=True)
     load_end = os.getloadavg()
     summaries = [summarize(r) for r in results]
+    all_costs = [costs(r) for r in results]
     print()
     print(table(results, summaries))
     print()
@@ -492,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
           f"at end {' '.join(f'{x:.2f}' for x in load_end)}; 1-min during the run: "
           f"min {min(load):.2f}, median {statistics.median(load):.2f}, max {max(load):.2f} "
           f"on {os.cpu_count()} CPUs")
-    for line in thread_lines(results) + verdicts(results, summaries):
+    for line in cost_lines(results, all_costs) + verdicts(results, summaries, all_costs):
         print(line)
     return 0
 

@@ -11,7 +11,8 @@ from runner import REPO
 
 def test_overhead_benchmark_prints_table_and_verdicts():
     result = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--steps", "1", "--rounds", "1", "--warmup", "1"],
+        [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--steps", "1", "--rounds", "1", "--warmup", "1",
+         "--pairs", "1"],
         cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert result.returncode == 0, result.stdout + result.stderr
@@ -20,8 +21,8 @@ def test_overhead_benchmark_prints_table_and_verdicts():
     for label in ("plain + one `_foreach_norm` (reference)", "ptdash (default hooks)", "naive `.item()` per param"):
         assert label in out, out
     assert out.count("| MLP (30 tensors") == 4 and out.count("| GPT (4x256") == 3, out
-    # Every ptdash block was recorded by the real engine: warm-up step + (1 + 1) per round.
-    assert out.count("the engine recorded 3 steps (expected 3)") == 2, out
-    assert "dashboard stand-in read" in out and "load average" in out, out
+    # The real engine recorded every instrumented step: warm-up, block (1 + 1), paired step.
+    assert out.count("the engine recorded 4 steps (expected 4)") == 2, out
+    assert out.count("paired single steps") == 2 and "dashboard stand-in read" in out and "load average" in out, out
     verdicts = [line for line in out.splitlines() if line.startswith(("PASS ", "FAIL "))]
-    assert len(verdicts) == 4, out
+    assert len(verdicts) == 6, out
