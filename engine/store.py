@@ -416,7 +416,9 @@ class StoreReader:
         ).fetchone()
         if count <= max_points:
             return self._db.execute(raw, args).fetchall()
-        groups = max(1, max_points // 2)
+        # Each group gives its minimum and maximum; the first and last points are added so
+        # the chart's x range is the series' own.
+        groups = max(1, max_points // 2 - 1)
         width = math.ceil((hi - lo + 1) / groups)
         level = max((L for L in LEVELS if L <= width), default=None)
         if level is None or not self._summary:
@@ -425,11 +427,15 @@ class StoreReader:
                       f"WHERE {where} GROUP BY b")
             points = {s: v for _, s, v in self._db.execute(bucket.format(agg="min"), args)}
             points.update({s: v for _, s, v in self._db.execute(bucket.format(agg="max"), args)})
-            return sorted(points.items())
-        return self._from_summary(row[0], rank, level, lo, hi, groups)
+        else:
+            points = self._from_summary(row[0], rank, level, lo, hi, groups)
+        points.update(self._db.execute(
+            "SELECT step, value FROM scalars WHERE name_id = ? AND rank = ? AND step IN (?, ?)",
+            (row[0], rank, lo, hi)))
+        return sorted(points.items())
 
-    def _from_summary(self, name_id: int, rank: int, level: int, lo: int, hi: int, groups: int) -> list:
-        """Decimate ``[lo, hi]`` from the summary buckets of ``level``.
+    def _from_summary(self, name_id: int, rank: int, level: int, lo: int, hi: int, groups: int) -> dict:
+        """Decimate ``[lo, hi]`` from the summary buckets of ``level`` into ``{step: value}``.
 
         A first bucket that starts before ``lo`` (a read after a given step) is folded
         from the raw rows; every other bucket lies wholly in the range.
@@ -458,11 +464,11 @@ class StoreReader:
             merged = merge_point(merge_point(merged, lo_step, lo_value), hi_step, hi_value)
         if merged is not None:
             points[merged[0]], points[merged[2]] = merged[1], merged[3]
-        return sorted(points.items())
+        return points
 
     def _salvage(self, name: str, rank: int, max_points: int | None, after_step: int | None) -> list:
         """The points of a series before the damage, read row by row in step order."""
-        decimator = _Decimator(max(1, (max_points or 0) // 2)) if max_points else None
+        decimator = _Decimator(max(1, (max_points or 0) // 2 - 1)) if max_points else None
         out, last, count = [], None, 0
         try:
             row = self._db.execute("SELECT id FROM names WHERE name = ?", (name,)).fetchone()
@@ -551,17 +557,23 @@ def _number(value) -> float | None:
 
 
 class _Decimator:
-    """Min/max decimation of a stream of unknown length: buckets double in width as needed."""
+    """Min/max decimation of a stream of unknown length: buckets double in width as needed.
+
+    Like the decimated reads of an intact store, it keeps the first and last points.
+    """
 
     def __init__(self, groups: int) -> None:
         self.groups = groups
         self.width = 1
         self.origin: int | None = None
         self.buckets: dict[int, list] = {}
+        self.ends: dict[str, tuple[int, float | None]] = {}
 
     def add(self, step: int, value: float | None) -> None:
         if self.origin is None:
             self.origin = step
+            self.ends["first"] = (step, value)
+        self.ends["last"] = (step, value)
         index = (step - self.origin) // self.width
         self.buckets[index] = merge_point(self.buckets.get(index), step, value)
         if len(self.buckets) > self.groups:
@@ -574,7 +586,7 @@ class _Decimator:
             self.buckets = merged
 
     def points(self) -> list:
-        points = {}
+        points = dict(self.ends.values())
         for s1, v1, s2, v2 in self.buckets.values():
             points[s1], points[s2] = v1, v2
         return sorted(points.items())
