@@ -58,7 +58,7 @@ def build(root: Path, steps: int) -> tuple[Path, dict]:
     writer = StoreWriter(run_dir / STORE_NAME)
     writer.set_meta(config={"script": "train.py"})
     rows_written = 0
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for first in range(1, steps + 1, FLUSH_STEPS):
         rows = [synthetic_row(s, rng, start + s * 0.001, steps) for s in range(first, min(steps, first + FLUSH_STEPS - 1) + 1)]
         extra = []
@@ -66,13 +66,13 @@ def build(root: Path, steps: int) -> tuple[Path, dict]:
             extra = [[rows[-1][0], rows[-1][1], {"host/cpu_pct": 50 + 10 * rng.random(), "host/rss_bytes": 2.1e9}]]
         writer.write(rows=rows, extra=extra)
         rows_written += sum(len(r[2]) for r in rows) + sum(len(r[2]) for r in extra)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     writer.write(events=[(start, 0, "run", "started", {}), (start + steps * 0.001, steps, "run", "finished", {})])
     writer.close()
     rundir.update_info(run_dir, status="finished", exit_code=0, pid=None, started=start,
                        ended=start + steps * 0.001, steps=steps, step=steps)
     figures = {"write_s": seconds, "steps_per_s": steps / seconds, "rows_per_s": rows_written / seconds,
-               "store_mb": (run_dir / STORE_NAME).stat().st_size / 1e6}
+               "cpu_s": cpu, "cpu_steps_per_s": steps / cpu, "store_mb": (run_dir / STORE_NAME).stat().st_size / 1e6}
     return run_dir, figures
 
 
@@ -109,7 +109,7 @@ async def _drawn(run_dir: Path) -> tuple[float, str]:
                 raise SystemExit("the charts were not drawn within 60 s")
             await pilot.pause(0.01)
         await pilot.pause()  # one refresh: the charts are on screen
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         last = max(p.chart.lines[0].steps[-1] for p in panels)
     return seconds, f"{len(panels)} charts, last step {last:,}"
 
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"writing {args.steps:,} steps to {root} ...", flush=True)
             run_dir, w = build(root, args.steps)
             print(f"write: {w['write_s']:.1f} s, {w['steps_per_s']:,.0f} steps/s, {w['rows_per_s']:,.0f} "
-                  f"scalar rows/s (summary included); store {w['store_mb']:.0f} MB")
+                  f"scalar rows/s (summary included; {w['cpu_s']:.1f} s of CPU, {w['cpu_steps_per_s']:,.0f} "
+                  f"steps per CPU second, in {FLUSH_STEPS}-step flushes); store {w['store_mb']:.0f} MB")
         import ptdash.tui.app  # noqa: F401  (import time is the CLI's, not the re-attach's)
 
         r = time_reads(run_dir)
