@@ -481,6 +481,8 @@ class Engine:
         for rank, payload in self.dist.pull():
             events = [(w, s, k, f"rank {rank}: {m}", d) for w, s, k, m, d in payload["events"]]
             self.store.write(rows=payload["rows"], rank=rank, events=events, extra=payload["extra"])
+            for wall, step, kind, message, data in events:
+                self._publish(Event(kind=kind, step=step, wall=wall, message=message, data={**data, "rank": rank}))
             if payload["rows"] or payload["extra"]:
                 self._publish(Metrics(rows=payload["rows"] + payload["extra"], rank=rank))
             if payload["rows"]:

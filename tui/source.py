@@ -208,6 +208,8 @@ class LiveSource(Source):
         self._last_wall_step = -1
         self._gaps: list[tuple[int, int, float]] = []
         self._pending: list[str] = []
+        self._last_event_id = 0
+        self._backfilled_events: set[tuple[float, str]] = set()
         self._layer_count = 0
         self._rank_last: dict[tuple[int, str], int] = {}
         self._world_size: int | None = None
@@ -254,6 +256,7 @@ class LiveSource(Source):
             self._remember_ranks(history.ranks)
             self._world_size = world_size(history.info, history.meta) or max(history.ranks, default=-1) + 1 or None
             self._pending = list(history.pending)
+            self._last_event_id = max((e["id"] for e in history.events), default=0)
             if history.layers:
                 self._layer_count = len(history.layers[-1].grad_norms)
             post(history)
@@ -268,6 +271,8 @@ class LiveSource(Source):
                 backfill = self._read_new()
                 if backfill is not None:
                     post(backfill)
+                for event in self._read_new_events():
+                    post(event)
                 post(RunInfo({**self.info, "world_size": self._world_size or 1}))
                 self.can_control = True
                 post(Connection(True, "live"))
@@ -327,7 +332,10 @@ class LiveSource(Source):
                     post(msg)
             elif isinstance(msg, Layers):
                 post(self._named(msg))
-            elif isinstance(msg, (Status, Ack, Event)):
+            elif isinstance(msg, Event):
+                if (msg.wall, msg.message) not in self._backfilled_events:
+                    post(msg)
+            elif isinstance(msg, (Status, Ack)):
                 post(msg)
             now = time.monotonic()
             if now >= next_poll:
@@ -450,6 +458,21 @@ class LiveSource(Source):
             self._pending = []
             self._remember(backfill.series, ([], []))
             post(backfill)
+
+    def _read_new_events(self) -> list[Event]:
+        """Events the engine stored between our history read and the connection.
+
+        Remembered so that the same events arriving live are not shown twice.
+        """
+        try:
+            with StoreReader(self.run_dir / STORE_NAME) as reader:
+                rows = reader.events(after_id=self._last_event_id)
+        except StoreError:
+            return []
+        events = [Event(kind=e["kind"], step=e["step"] or 0, wall=e["wall"], message=e["message"], data=e["data"])
+                  for e in rows]
+        self._backfilled_events = {(e.wall, e.message) for e in events}
+        return events
 
     def _read_new(self) -> Backfill | None:
         try:
