@@ -414,14 +414,15 @@ class Doctor:
             groups = sorted(zero, key=int)
             first, last = zero[groups[0]]
             self.report("lr-zero", f"the learning rate of param group(s) {', '.join(groups)} of {self._opt_name} "
-                        f"was 0 for {last - first + 1} steps (steps {first}-{last}) while the optimizer stepped",
+                        f"was 0 at every step from {first} to {last} while the optimizer stepped",
                         step=first, groups=[int(g) for g in groups])
         plateau = self._plateau.add(rows)
         if plateau:
             a, b = plateau["best_steps"]
-            self.report("loss-plateau", f"the loss has not improved for {plateau['stale_steps']} steps: best "
-                        f"{plateau['best']:.4g} (median of steps {a}-{b}), now {plateau['now']:.4g} at step "
-                        f"{plateau['step']}", **plateau)
+            self.report("loss-plateau", f"the loss has not improved by {self._plateau.rel_tol:.0%} in "
+                        f"{plateau['stale_steps']} steps: median {plateau['best']:.4g} over steps {a}-{b}, "
+                        f"{plateau['now']:.4g} over the latest {self._plateau.block} (step {plateau['step']})",
+                        **plateau)
         bound = self._input.add(rows)
         if bound:
             cuda = any(getattr(next(m.parameters(), None), "is_cuda", False) for m in self.engine.hooks.models)
