@@ -2,15 +2,16 @@
 the demo, the examples and the other test scripts raise none, and `ptdash doctor` prints
 what a run found.
 
-The runs start together at the first test that needs one (a few at a time) so that their
-interpreter start-ups overlap; each test waits only for its own.
+The runs the selected tests need start together, a few at a time, at the first test that
+needs one, so that their interpreter start-ups overlap; each test waits only for its own.
+(tests/scripts/ddp_train.py is left out: two ranks cost as much as all the rest together.)
 """
 
 from __future__ import annotations
 
 import io
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -40,7 +41,16 @@ CLEAN = {
     "steady": ((str(SCRIPTS / "steady.py"), "--steps", "60", "--sleep", "0"), ENV),
     "plant_nan": (("--on-anomaly", "skip", str(SCRIPTS / "plant_nan.py")), ENV),
     "oom": ((str(SCRIPTS / "oom.py"),), ENV),
+    "amp_scaler": ((str(SCRIPTS / "amp_scaler.py"),), ENV),
 }
+NEEDS = {
+    "test_loop_bugs_each_raise_their_finding_once": ["loop_bugs"],
+    "test_zero_grad_between_backward_and_step": ["zero_before_step"],
+    "test_lr_zero_and_loss_plateau": ["lr_zero_plateau"],
+    "test_input_bound_names_the_dataloader_settings": ["slow_data"],
+    "test_doctor_command_prints_the_findings": ["zero_before_step", "basic"],
+}
+"""The runs each test reads (besides the parametrized clean ones, named by their `name`)."""
 
 
 def _run(where: Path, args: tuple, env: dict):
@@ -49,15 +59,34 @@ def _run(where: Path, args: tuple, env: dict):
     return where / "run", result
 
 
+class _Runs:
+    """Runs by name, started on a small pool; a run no test asked for never starts."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.pool, self.futures = root, ThreadPoolExecutor(max_workers=3), {}
+
+    def start(self, name: str) -> Future:
+        if name not in self.futures:
+            args, env = {**PLANTED, **CLEAN}[name]
+            self.futures[name] = self.pool.submit(_run, self.root / name, args, env)
+        return self.futures[name]
+
+    def __getitem__(self, name: str) -> Future:
+        return self.start(name)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("doctor")
-    pool = ThreadPoolExecutor(max_workers=3)
-    futures = {name: pool.submit(_run, root / name, args, env) for name, (args, env) in {**PLANTED, **CLEAN}.items()}
-    yield futures
-    for future in futures.values():
+def runs(request, tmp_path_factory):
+    found = _Runs(tmp_path_factory.mktemp("doctor"))
+    for item in request.session.items:
+        if item.module is request.module:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            for name in NEEDS.get(item.originalname, []) + ([params["name"]] if "name" in params else []):
+                found.start(name)
+    yield found
+    for future in found.futures.values():
         future.cancel()
-    pool.shutdown(wait=True)
+    found.pool.shutdown(wait=True)
 
 
 def _events(run_dir: Path, kind: str) -> list[dict]:
@@ -178,6 +207,9 @@ def test_host_syncs_on_gpu(tmp_path):
     assert found["host-syncs"]["lines"][0]["per_step"] == 1
     # Sampling hid its own warnings from the script's output.
     assert "synchronizing" not in result.stdout
+    # A script that sets the sync debug mode itself is left alone, and syncs nothing.
+    result = ptdash("--headless", "--run-dir", "clean", str(SCRIPTS / "cuda_sync_free.py"), cwd=tmp_path, timeout=300)
+    assert result.returncode == 0 and _events(tmp_path / "clean", "finding") == [], result.stdout[-3000:]
 
 
 # ----------------------------------------------------------- in-process rule checks
