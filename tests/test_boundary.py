@@ -7,8 +7,9 @@ import sys
 import pytest
 
 TERMINAL_SIDE = ["ptdash", "ptdash.protocol", "ptdash.store", "ptdash.transport", "ptdash.rundir",
-                 "ptdash.tui", "ptdash.tui.cli", "ptdash.tui.runs", "ptdash.tui.app", "ptdash.tui.source"]
-ENGINE_SIDE = ["ptdash.engine", "ptdash.hooks", "ptdash.bootstrap", "ptdash.checkpoint", "ptdash.controls"]
+                 "ptdash.tui", "ptdash.tui.cli", "ptdash.tui.runs", "ptdash.tui.app", "ptdash.tui.source", "ptdash.tui.doctor_cli"]
+ENGINE_SIDE = ["ptdash.engine", "ptdash.hooks", "ptdash.bootstrap", "ptdash.checkpoint", "ptdash.controls",
+               "ptdash.doctor", "ptdash.doctor_rules", "ptdash.distributed", "ptdash.launch"]
 
 
 def _loaded(module: str, probe: str) -> bool:

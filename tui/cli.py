@@ -30,7 +30,7 @@ from ptdash.transport import Client, TransportError
 
 from . import runs
 
-SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl")
+SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor")
 
 
 class CliError(Exception):
@@ -51,7 +51,7 @@ def _run_parser() -> argparse.ArgumentParser:
         prog="ptdash",
         description="Run a PyTorch training script with a live terminal dashboard.",
         usage="ptdash [options] (script.py | -m module | demo) [args...]\n"
-              "       ptdash attach [RUN] | show RUN | ls | ctl [RUN] COMMAND [VALUE]",
+              "       ptdash attach [RUN] | show RUN | ls | doctor [RUN] | ctl [RUN] COMMAND [VALUE]",
         epilog="Keys in the dashboard: space pause/resume, c checkpoint, g clip norm, l LR factor, "
                "p profile, s stop, q quit, ? help.")
     p.add_argument("--version", action="version", version=f"ptdash {__version__}")
@@ -78,6 +78,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="measure each parameter's update/weight ratio every K steps (0: never; default 20)")
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="launch N ranks through torch.distributed's launcher (DDP)")
+    p.add_argument("--detect-anomaly", action="store_true",
+                   help="turn on autograd anomaly detection (slow): a failing backward names the forward "
+                        "line that caused it")
     p.add_argument("--stall-timeout", type=_positive_arg("stall timeout"), default=120, metavar="S",
                    help="name a rank that makes no step for S seconds (default 120)")
     p.add_argument("--flush-interval", type=_positive_arg("flush interval"), default=0.25, metavar="S",
@@ -157,7 +160,7 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
         "flush_interval": args.flush_interval, "on_anomaly": args.on_anomaly,
         "profile_steps": list(args.profile_steps) if args.profile_steps else None,
         "memory_history": args.memory_history, "update_ratio_every": args.update_ratio_every,
-        "stall_seconds": args.stall_timeout,
+        "stall_seconds": args.stall_timeout, "detect_anomaly": args.detect_anomaly,
     }
     if args.checkpoint_every:
         kind, value = args.checkpoint_every
@@ -414,6 +417,10 @@ def _main(argv: list[str]) -> int:
             return cmd_ls()
         if sub == "ctl":
             return cmd_ctl(rest)
+        if sub == "doctor":
+            from .doctor_cli import cmd_doctor
+
+            return cmd_doctor(rest)
         if sub in ("attach", "show"):
             run = runs.resolve(rest[0] if rest else None, live_only=sub == "attach" and not rest)
             return dashboard(run.path, None, live=sub == "attach" and run.live)
