@@ -128,6 +128,8 @@ def peer_uid(sock: socket.socket) -> int:
 class _Client:
     def __init__(self, sock: socket.socket, now: float) -> None:
         self.sock = sock
+        self.fd = sock.fileno()
+        """The key in the server's table (a closed socket no longer knows its number)."""
         self.reader = protocol.FrameReader(MAX_CLIENT_FRAME)
         self.out = bytearray()
         self.authed = False
@@ -175,7 +177,7 @@ class Server:
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
-        self._listener.listen(8)
+        self._listener.listen(64)
         self._listener.setblocking(False)
         self._selector.register(self._listener, selectors.EVENT_READ, "listen")
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
@@ -296,7 +298,7 @@ class Server:
         sock.setblocking(False)
         client = _Client(sock, time.monotonic())
         with self._lock:
-            self._clients[sock.fileno()] = client
+            self._clients[client.fd] = client
         self._selector.register(sock, selectors.EVENT_READ, client)
 
     def _refuse_now(self, sock: socket.socket, reason: str) -> None:
@@ -394,7 +396,7 @@ class Server:
 
     def _close(self, client: _Client) -> None:
         with self._lock:
-            self._clients.pop(client.sock.fileno(), None)
+            self._clients.pop(client.fd, None)
         try:
             self._selector.unregister(client.sock)
         except (KeyError, ValueError):
@@ -421,8 +423,17 @@ class Client:
         """Connect and authenticate; raise TransportError with a one-line reason."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
+        deadline = time.monotonic() + timeout
         try:
-            sock.connect(self.path)
+            while True:
+                try:
+                    sock.connect(self.path)
+                    break
+                except BlockingIOError:
+                    # The engine's backlog is full (many clients at once): it will drain.
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
         except FileNotFoundError:
             sock.close()
             raise TransportError(f"no engine is listening at {self.path} (has the run ended?)") from None

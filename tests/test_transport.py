@@ -195,8 +195,9 @@ def test_a_client_that_never_reads_never_slows_publish_and_is_bounded(served):
     median = len(stalled) // 2
     print(f"publish with a client that never reads: median {stalled[median] * 1e3:.2f} ms "
           f"(alone {alone[median] * 1e3:.2f} ms), max {stalled[-1] * 1e3:.1f} ms")
-    # Never waits on the peer: publishing costs what encoding costs.
-    assert stalled[median] < 2 * alone[median] + 0.002
+    # Never waits on the peer: publishing costs what encoding costs (a publish that
+    # waited for the socket would wait forever; the slack is this shared machine's).
+    assert stalled[median] < 3 * alone[median] + 0.005
     with served.server._lock:
         (client,) = [c for c in served.server._clients.values() if c.authed]
         buffered, dropped = len(client.out), client.dropped
