@@ -128,8 +128,11 @@ def registered() -> list[Path]:
     """Run dirs of registered runs whose run.json still exists."""
     dirs = []
     for entry in _registry().iterdir():
-        path = Path(entry.read_text().strip())
-        if (path / RUN_JSON).exists():
+        try:
+            path = Path(entry.read_text().strip())
+        except (OSError, UnicodeDecodeError):
+            continue
+        if path.is_absolute() and (path / RUN_JSON).exists():
             dirs.append(path)
         else:
             entry.unlink(missing_ok=True)
