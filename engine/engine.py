@@ -439,6 +439,7 @@ class Engine:
         self.doctor.on_flush(rows, layer_rows)
         for kind, message, data in self.monitor.check_rows(rows):
             self.event(kind, message, **data)
+        self._deferred_anomaly(rows)
         layers_msg, blobs = None, []
         if layer_rows:
             last = layer_rows[-1]
@@ -496,6 +497,22 @@ class Engine:
                 self._stalled.add(rank)
                 self.event("anomaly", f"rank {rank} stalled: no step for {now - since:.0f} s (at step {step})",
                            rank=rank, step=step)
+
+    def _deferred_anomaly(self, rows: list) -> None:
+        """Off the CPU, a non-finite step is seen here, at the flush: pause at the next step.
+
+        Checking on the training thread would cost a host sync per step; the price of not
+        doing so is that the bad update (and the few after it) have been applied.
+        """
+        if self.hooks.grad_device == "cpu" or (self.config.get("on_anomaly") or "pause") != "pause":
+            return
+        bad = next((step for step, _, values in rows
+                    if ("loss" in values and values["loss"] is None)
+                    or ("grad/norm_total" in values and values["grad/norm_total"] is None)), None)
+        if bad is not None and not self.controls.paused and not self.controls.requested_pause:
+            self.event("anomaly", f"non-finite loss or gradient at step {bad}, seen at the flush; "
+                                  "pausing at the next step", step=bad, action="pause")
+            self.controls.submit(Command(id=f"anomaly-{bad}", name="pause"))
 
     def _names_for(self, params: list) -> list[str]:
         """Parameter names for a list of parameters (cached while the list's shape holds)."""

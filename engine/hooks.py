@@ -65,6 +65,8 @@ class Hooks:
         self._dist_checked = False
         self.last_step_s = 0.0
         """Duration of the latest step, for spacing the rank exchanges."""
+        self.grad_device = "cpu"
+        """Where the gradients live: off the CPU, non-finite checks wait for the flush."""
 
     # ------------------------------------------------------------ attach / detach
 
@@ -343,6 +345,7 @@ class Hooks:
                 metrics.clip_with_norm(params, override, total)
                 self._clip_max = override
         per_tensor, total = self._norms
+        self.grad_device = total.device.type
         self.engine.doctor.on_pre_step(opt, self.step + 1, self.layer_params)
         closure = self._closure_loss_index is not None
         if not closure and total.device.type == "cpu" and not (
