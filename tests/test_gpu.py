@@ -27,3 +27,17 @@ def test_training_loop_under_the_engine_adds_no_host_sync(tmp_path):
     assert steps == list(range(1, 301)) and all(v is not None for v in losses + norms)
     assert mem and max(mem) > 0
     assert layers
+
+
+def test_nonfinite_gradient_on_cuda_pauses_at_the_next_flush(tmp_path):
+    from runner import Run, wait_for
+
+    run = Run(tmp_path, SCRIPTS / "cuda_plant_nan.py")
+    try:
+        wait_for(lambda: run.info().get("status") == "paused", 60, what="the deferred anomaly pause")
+        with run.store() as s:
+            messages = [e["message"] for e in s.events() if e["kind"] == "anomaly"]
+        assert any("seen at the flush" in m for m in messages), messages
+        assert run.info()["step"] < 100  # paused within a flush or two of step 20
+    finally:
+        run.close()
