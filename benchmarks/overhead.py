@@ -71,7 +71,7 @@ LABELS = {
 }
 WORKLOADS = {  # variants; steps per block, rounds, warm-up steps, paired cycles (a few minutes in all)
     "mlp": (("plain", "norm", "ptdash", "naive"), 100, 16, 200, 300),
-    "gpt": (("plain", "ptdash", "naive"), 6, 12, 6, 12),
+    "gpt": (("plain", "ptdash", "naive"), 6, 12, 6, 30),
 }
 GPT_TARGET_RATIO = 1.01
 MLP_BUDGET_US = 50.0
@@ -448,7 +448,7 @@ def costs(result: Result) -> dict:
     out = {}
     for v, times in result.paired.items():
         diffs = [(t - b) * 1e6 for t, b in zip(times, base)]
-        out[v] = {"median": statistics.median(diffs), "mean": statistics.fmean(diffs)}
+        out[v] = {"median": statistics.median(diffs), "mean": statistics.fmean(diffs), "q": quartiles(diffs)}
     for name in ("ptdash-flush", "ptdash-server"):
         per_step = {v: t[name] / max(t["steps"], 1) * 1e6 for v, t in result.threads.items()}
         out[name] = per_step["ptdash"] - per_step["plain"]
@@ -462,8 +462,8 @@ def cost_lines(results: list[Result], all_costs: list[dict]) -> list[str]:
     lines = []
     for result, c in zip(results, all_costs):
         line = (f"{result.workload.name}: paired single steps ({len(result.paired['plain'])} cycles, training-thread "
-                f"CPU, plain {c['plain_us'] / 1e3:.2f} ms): ptdash hooks {c['ptdash']['median']:+.0f} µs median, "
-                f"{c['ptdash']['mean']:+.0f} µs mean")
+                f"CPU, plain {c['plain_us'] / 1e3:.2f} ms): ptdash hooks {_iqr(c['ptdash']['q'], '+.0f')} µs median "
+                f"[IQR], {c['ptdash']['mean']:+.0f} µs mean")
         if "norm" in c:
             line += f"; one fused norm pass {c['norm']['median']:+.0f} µs median, {c['norm']['mean']:+.0f} µs mean"
         line += (f"; engine threads per recorded step: flusher {c['ptdash-flush']:+.0f} µs, server "
