@@ -349,8 +349,14 @@ class StoreReader:
 
     def ranks(self) -> list[int]:
         """The ranks that recorded steps."""
-        return [r for r in self._rows("SELECT DISTINCT rank FROM steps ORDER BY rank", (), "in its steps", one=True)
-                if isinstance(r, int)]
+        # One key lookup per rank: DISTINCT would scan every step of every rank.
+        ranks: list[int] = []
+        while True:
+            found = self._rows("SELECT min(rank) FROM steps WHERE rank > ?", (ranks[-1] if ranks else -2 ** 63,),
+                               "in its steps", one=True)
+            if not found or not isinstance(found[0], int):
+                return ranks
+            ranks.append(found[0])
 
     def last_step(self, rank: int = 0) -> int | None:
         """The newest recorded step of ``rank``, None before the first."""
@@ -390,12 +396,9 @@ class StoreReader:
                 pairs = self._series(name, rank, max_points, after_step)
         except (sqlite3.DatabaseError, TypeError, ValueError, OverflowError):
             pairs = self._salvage(name, rank, max_points, after_step)
-        steps, values = [], []
-        for step, value in pairs:
-            if type(step) is int:
-                steps.append(step)
-                values.append(_number(value))
-        return steps, values
+        pairs = [p for p in pairs if type(p[0]) is int]
+        return ([s for s, _ in pairs],
+                [v if type(v) is float and -math.inf < v < math.inf else _number(v) for _, v in pairs])
 
     def _series(self, name: str, rank: int, max_points: int | None, after_step: int | None) -> list:
         row = self._db.execute("SELECT id FROM names WHERE name = ?", (name,)).fetchone()
@@ -452,18 +455,24 @@ class StoreReader:
                 points[head[0]], points[head[2]] = head[1], head[3]
             first, groups = first + 1, max(1, groups - 1)
         per_group = max(1, math.ceil((last - first + 1) / groups))
-        group = merged = None
+        group, lo_pt, hi_pt = None, None, None
         for index, lo_step, lo_value, hi_step, hi_value in self._db.execute(
                 "SELECT bucket, lo_step, lo, hi_step, hi FROM summary "
                 "WHERE level = ? AND name_id = ? AND rank = ? AND bucket BETWEEN ? AND ? ORDER BY bucket",
                 (level, name_id, rank, first, last)):
-            if (index - first) // per_group != group:
-                if merged is not None:
-                    points[merged[0]], points[merged[2]] = merged[1], merged[3]
-                group, merged = (index - first) // per_group, None
-            merged = merge_point(merge_point(merged, lo_step, lo_value), hi_step, hi_value)
-        if merged is not None:
-            points[merged[0]], points[merged[2]] = merged[1], merged[3]
+            g = (index - first) // per_group
+            if g != group:
+                if group is not None:
+                    points[lo_pt[0]], points[hi_pt[0]] = lo_pt[1], hi_pt[1]
+                group, lo_pt, hi_pt = g, (lo_step, lo_value), (hi_step, hi_value)
+                continue
+            # A bucket of only None values has None extremes: it never wins over a number.
+            if lo_value is not None and (lo_pt[1] is None or lo_value < lo_pt[1]):
+                lo_pt = (lo_step, lo_value)
+            if hi_value is not None and (hi_pt[1] is None or hi_value > hi_pt[1]):
+                hi_pt = (hi_step, hi_value)
+        if group is not None:
+            points[lo_pt[0]], points[hi_pt[0]] = lo_pt[1], hi_pt[1]
         return points
 
     def _salvage(self, name: str, rank: int, max_points: int | None, after_step: int | None) -> list:
