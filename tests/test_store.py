@@ -141,6 +141,7 @@ def test_summary_stays_exact_through_rewrites_gaps_and_ranks(tmp_path):
         raw = [v for v in raw_points(path, "loss").values() if v is not None]
         assert max(raw) == 99.0 and 99.0 in values and min(raw) in values
         assert reader.series("loss", rank=1, max_points=100)[0][-1] == 700
+        assert reader.ranks() == [0, 1] and reader.last_step(1) == 700
 
 
 def test_a_store_without_the_summary_table_is_still_decimated(tmp_path):
