@@ -38,6 +38,7 @@ def create(root: Path, name: str, extra: dict, exact: bool = False) -> Path:
     The dir is ``root/<time>-<name>``, or ``root/<name>`` when ``exact`` (an empty
     existing directory is reused then).
     """
+    sockets = private_dir()  # first: an unsafe socket directory leaves nothing behind
     stamp = time.strftime("%Y%m%d-%H%M%S")
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")[:40] or "run"
     root.mkdir(parents=True, exist_ok=True)
@@ -61,7 +62,7 @@ def create(root: Path, name: str, extra: dict, exact: bool = False) -> Path:
         "id": run_id,
         "name": name,
         "run_dir": str(path.resolve()),
-        "socket": str(private_dir() / f"{run_id}.sock"),
+        "socket": str(sockets / f"{run_id}.sock"),
         "host": socket.gethostname(),
         "user_uid": os.getuid(),
         "status": "starting",

@@ -86,6 +86,7 @@ def test_the_cli_refuses_an_unsafe_private_dir_in_one_line(runtime_dir, tmp_path
     assert result.stderr.strip().splitlines() == [
         f"ptdash: error: {runtime_dir / 'ptdash'} has mode 777; it must be 700"]
     assert "trained" not in result.stdout
+    assert not (tmp_path / "ptdash-runs").exists()  # nothing was created
 
 
 def test_network_file_systems_are_recognised():
