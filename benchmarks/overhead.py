@@ -101,7 +101,10 @@ print(messages, rows, time.process_time(), flush=True)
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="mlp,gpt", help="comma-separated: mlp, gpt (default: both)")
-    defaults = lambda i: ", ".join(f"{k} {v[i]}" for k, v in WORKLOADS.items())  # noqa: E731
+
+    def defaults(i: int) -> str:
+        return ", ".join(f"{name} {spec[i]}" for name, spec in WORKLOADS.items())
+
     parser.add_argument("--steps", type=int, help=f"measured steps per block (default: {defaults(1)})")
     parser.add_argument("--rounds", type=int, help=f"rounds of one block per variant (default: {defaults(2)})")
     parser.add_argument("--warmup", type=int, help=f"steps before measuring, twice (default: {defaults(3)})")
@@ -254,14 +257,14 @@ def live_engine(root: Path, name: str, client: bool):
     engine = Engine(run_dir, {})
     engine.start()
     reader = None
-    if client:
-        info = rundir.read_info(run_dir)
-        reader = subprocess.Popen([sys.executable, "-c", CLIENT_CODE, info["socket"], rundir.read_token(run_dir)],
-                                  stdout=subprocess.PIPE, text=True)
-        if reader.stdout.readline().strip() != "connected":
-            raise RuntimeError("the dashboard stand-in could not connect")
     result = {"client": None}
     try:
+        if client:
+            info = rundir.read_info(run_dir)
+            reader = subprocess.Popen([sys.executable, "-c", CLIENT_CODE, info["socket"], rundir.read_token(run_dir)],
+                                      stdout=subprocess.PIPE, text=True)
+            if reader.stdout.readline().strip() != "connected":
+                raise RuntimeError("the dashboard stand-in could not connect")
         yield engine, result
     finally:
         engine.finish("finished", 0)
