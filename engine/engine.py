@@ -107,7 +107,7 @@ class Engine:
             self.settings.clip = saved.get("clip", self.settings.clip) if self.config.get("clip") is None else self.settings.clip
             self.settings.lr_scale = saved.get("lr_scale", 1.0) if self.config.get("lr_scale") is None else self.settings.lr_scale
         self.hooks.step = self.start_step
-        self.hooks.update_ratio_every = int(self.config.get("update_ratio_every", 20))
+        self.hooks.update_ratio_every = int(self.config.get("update_ratio_every", 100))
         if self.config.get("memory_history"):
             system.memory_history_start()
         self.hooks.attach()

@@ -13,11 +13,12 @@ undone by ``detach()``:
 - a forward pre-hook on the model once it is known: time spent waiting for data, the
   batch size, and the save point at the start of each step.
 
-Nothing here calls ``.item()`` or otherwise waits for the device.
+Nothing here waits for the device: the only ``.item()`` calls read CPU tensors.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from typing import Any
@@ -58,7 +59,7 @@ class Hooks:
         self.layer_params: list[torch.Tensor] = []
         self._before: list[torch.Tensor] | None = None
         self._before_params: list[torch.Tensor] | None = None
-        self.update_ratio_every = 20
+        self.update_ratio_every = 100
         self._resume = None
         self._resume_fire = None
         self._resume_handle = None
@@ -91,6 +92,8 @@ class Hooks:
         self._patch_init(torch.amp.GradScaler, self.scalers)
         self._patch(torch.amp.GradScaler, "scale", self._wrap_scale(torch.amp.GradScaler.scale))
         self._patch(torch.optim.Optimizer, "zero_grad", self._wrap_zero_grad(torch.optim.Optimizer.zero_grad))
+        if self.models and self._model_hook is None:  # attached again after a detach
+            self._model_hook = self.models[0].register_forward_pre_hook(self._on_forward)
 
     def arm_resume(self, apply) -> None:
         """Call ``apply()`` once, at the first module forward or optimizer step.
@@ -349,7 +352,8 @@ class Hooks:
         self.engine.doctor.on_pre_step(opt, self.step + 1, self.layer_params)
         closure = self._closure_loss_index is not None
         if not closure and total.device.type == "cpu" and not (
-                bool(torch.isfinite(total)) and all(bool(torch.isfinite(l)) for l in self._losses)):
+                math.isfinite(total.item())
+                and all(math.isfinite(l.item()) for l in self._losses if l.device.type == "cpu")):
             # On CPU this check is free (no device to wait for), so a non-finite gradient is
             # caught before the update. On CUDA it would be a sync per step: the flusher
             # reports it there instead, a flush later.

@@ -7,6 +7,7 @@ host later, in one batched copy per flush (see recorder.py).
 from __future__ import annotations
 
 import torch
+from torch.nn.utils.clip_grad import _clip_grads_with_norm_
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype, _has_foreach_support
 
 
@@ -23,6 +24,11 @@ def grad_norms(grads: list[torch.Tensor], norm_type: float = 2.0,
     if not grads:
         return torch.zeros(0), torch.tensor(0.0)
     first_device = grads[0].device
+    if foreach is not False and _single_group(grads) and _has_foreach_support(grads, first_device):
+        # The common case, one device and one dtype: the same kernels as below without the
+        # grouping and per-tensor moves (a third of the cost for a few dozen tensors).
+        stacked = torch.stack(torch._foreach_norm(grads, norm_type))
+        return stacked.float(), torch.linalg.vector_norm(stacked, norm_type)
     grouped = _group_tensors_by_device_and_dtype([grads], with_indices=True)
     norms: list[torch.Tensor] = []
     order: list[int] = []
@@ -59,11 +65,18 @@ def _inverse_permutation(order: tuple[int, ...], device: torch.device) -> torch.
     return index
 
 
+def _single_group(grads: list[torch.Tensor]) -> bool:
+    device, dtype = grads[0].device, grads[0].dtype
+    return all(g.device == device and g.dtype == dtype for g in grads)
+
+
 @torch.no_grad()
 def clip_with_norm(params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor,
                    foreach: bool | None = None) -> None:
     """Scale gradients in place by ``min(max_norm / (total_norm + 1e-6), 1)``, on device."""
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm, foreach=foreach)
+    # torch's own implementation, not the public name: ptdash wraps that one to see the
+    # script's clipping, and must not see its own.
+    _clip_grads_with_norm_(params, max_norm, total_norm, foreach=foreach)
 
 
 @torch.no_grad()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -262,3 +263,15 @@ def test_sigkill_during_a_checkpoint_save_leaves_the_previous_one_intact(tmp_pat
         assert tmp  # the interrupted write only ever existed as a temp file
     finally:
         run.close()
+
+
+def test_clip_override_without_script_clipping_keeps_per_layer_norms(tmp_path):
+    result = ptdash("--headless", "--run-dir", "run", "--clip", "0.5", str(STEADY), "--steps", "30", "--sleep", "0",
+                    cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+    from ptdash.store import StoreReader
+    with StoreReader(tmp_path / "run" / "metrics.db") as s:
+        layers = s.blobs("layers")
+        steps, clip = s.series("grad/clip_max")
+    assert layers and all(len(json.loads(data)["grad_norms"]) == 4 for _, data in layers)
+    assert steps == list(range(1, 31)) and set(clip) == {0.5}

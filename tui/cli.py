@@ -74,8 +74,8 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="profile optimizer steps A to B with torch.profiler")
     p.add_argument("--memory-history", action="store_true",
                    help="record CUDA allocations; on out-of-memory, save a snapshot for PyTorch's memory viewer")
-    p.add_argument("--update-ratio-every", type=int, default=20, metavar="K",
-                   help="measure each parameter's update/weight ratio every K steps (0: never; default 20)")
+    p.add_argument("--update-ratio-every", type=int, default=100, metavar="K",
+                   help="measure each parameter's update/weight ratio every K steps (0: never; default 100)")
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="launch N ranks through torch.distributed's launcher (DDP)")
     p.add_argument("--detect-anomaly", action="store_true",
