@@ -3,8 +3,9 @@
 Rank 0 owns the command inbox. At agreed step boundaries every rank joins a tiny
 broadcast (a fixed-size float64 packet on a private gloo group, so it never touches the
 GPU or the user's NCCL communicator) and applies the same commands at the same step. The
-packet also says when the next exchange happens: rank 0 spaces them so that they cost
-well under 1% of step time (at most one every ``EXCHANGE_SECONDS``), and every rank reads
+packet also says when the next exchange happens: rank 0 spaces them by their measured
+cost so that they take under 0.5% of the time (and at most one every
+``EXCHANGE_SECONDS``, which bounds a command's latency in steps), and every rank reads
 the same schedule, so no rank ever waits for a collective the others skip.
 
 Metrics from other ranks travel through the job's existing c10d store (rank 0's TCP
@@ -25,7 +26,13 @@ import torch.distributed as dist
 from .protocol import COMMANDS, Command
 
 EXCHANGE_SECONDS = 0.05
-"""Aim for one command exchange per this many seconds of training."""
+"""At most one command exchange per this many seconds of training..."""
+
+EXCHANGE_SHARE = 0.005
+"""...and no more often than keeps their measured cost under this share of the time..."""
+
+MAX_SPACING_SECONDS = 0.5
+"""...but at least one per this many seconds, which bounds a command's wait."""
 
 MAX_COMMANDS = 8
 _PACKET = 2 + 2 * MAX_COMMANDS
@@ -85,7 +92,10 @@ class Distributed:
         """
         packet = torch.zeros(_PACKET, dtype=torch.float64)
         if self.rank == 0:
-            every = max(1, min(1000, math.ceil(EXCHANGE_SECONDS / max(step_seconds, 1e-6))))
+            cost = self.exchange_seconds / self.exchanges if self.exchanges else 0.0
+            # Capped, so a command never waits more than about half a second for a slot.
+            spacing = min(MAX_SPACING_SECONDS, max(EXCHANGE_SECONDS, cost / EXCHANGE_SHARE))
+            every = max(1, min(1000, math.ceil(spacing / max(step_seconds, 1e-6))))
             packet[0] = step + every
             packet[1] = min(len(commands), MAX_COMMANDS)
             for i, cmd in enumerate(commands[:MAX_COMMANDS]):

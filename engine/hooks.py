@@ -65,7 +65,7 @@ class Hooks:
         self._resume_handle = None
         self._dist_checked = False
         self.last_step_s = 0.0
-        """Duration of the latest step, for spacing the rank exchanges."""
+        """Recent step duration (a moving average), for spacing the rank exchanges."""
         self.grad_device = "cpu"
         """Where the gradients live: off the CPU, non-finite checks wait for the flush."""
 
@@ -410,7 +410,8 @@ class Hooks:
         lr_source = effective or [(g, g["lr"]) for g in opt.param_groups]
         for i, (_, lr) in enumerate(lr_source):
             _put(host, device, f"opt/lr/group{i}", lr)
-        host["time/step_s"] = self.last_step_s = now - self._t_post
+        host["time/step_s"] = step_s = now - self._t_post
+        self.last_step_s = step_s if not self.last_step_s else 0.9 * self.last_step_s + 0.1 * step_s
         if self._t_forward is not None and self._t_pre is not None:
             host["time/data_s"] = max(0.0, self._t_forward - self._t_post)
             host["time/compute_s"] = max(0.0, self._t_pre - self._t_forward)
