@@ -97,8 +97,22 @@ class Run:
         self.client.close()
         if self.proc.poll() is None:
             self.proc.kill()
-        pid = self.info().get("pid")
-        if pid and rundir.pid_alive(pid):
+        pid = engine_pid(self.run_dir)
+        if pid:
             os.kill(pid, signal.SIGKILL)
         self.proc.wait()
         self.out.close()
+
+
+def engine_pid(run_dir: Path) -> int | None:
+    """The pid of this run's engine if it is still running, else None.
+
+    A dead engine's pid may already belong to someone else's process on a busy machine,
+    so the process must carry this run dir in its environment before anyone kills it.
+    """
+    try:
+        pid = rundir.read_info(run_dir).get("pid")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if pid else []
+    except (OSError, ValueError):
+        return None
+    return pid if f"PTDASH_RUN_DIR={run_dir}".encode() in environ else None

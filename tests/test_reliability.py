@@ -27,7 +27,7 @@ from ptdash.protocol import Hello, encode
 from ptdash.store import STORE_NAME, StoreReader
 from ptdash.transport import Client
 
-from runner import ENV, SCRIPTS, Run, ptdash, wait_for
+from runner import ENV, SCRIPTS, Run, engine_pid, ptdash, wait_for
 from tmux import Terminal, require_tmux
 
 STEADY = SCRIPTS / "steady.py"
@@ -103,11 +103,8 @@ def last_step(run_dir: Path) -> int:
 
 
 def kill_engine(run_dir: Path) -> None:
-    try:
-        pid = rundir.read_info(run_dir).get("pid")
-    except (FileNotFoundError, ValueError):
-        return
-    if pid and rundir.pid_alive(pid):
+    pid = engine_pid(run_dir)
+    if pid:
         os.kill(pid, signal.SIGKILL)
 
 
