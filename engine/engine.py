@@ -78,6 +78,7 @@ class Engine:
         self._layer_names: list[str] = []
         self._layer_shapes: list[list[int]] = []
         self._sent_names: list[str] | None = None
+        self._started = self._last_layer_record = time.monotonic()
         self._rank_progress: dict[int, tuple[int, float]] = {}
         self._stalled: set[int] = set()
         self.store: StoreWriter | None = None
@@ -455,9 +456,10 @@ class Engine:
             layers_msg = Layers(step=last.step, grad_norms=last.grad_norms, update_ratios=ratios, flags=flags,
                                 names=names if fresh else None, shapes=self._layer_shapes if fresh else None)
             self._sent_names = names
-            blobs.append(("layers", last.step, _json_bytes(
-                {"names": names if fresh else None, "shapes": self._layer_shapes if fresh else None,
-                 "grad_norms": last.grad_norms, "update_ratios": ratios, "flags": flags})))
+            if fresh or self._layer_record_due():
+                blobs.append(("layers", last.step, _json_bytes(
+                    {"names": names if fresh else None, "shapes": self._layer_shapes if fresh else None,
+                     "grad_norms": last.grad_norms, "update_ratios": ratios, "flags": flags})))
         with self._lock:
             events, self._events = self._events, []
         extra = [system_row] if system_row else []
@@ -497,6 +499,16 @@ class Engine:
                 self._stalled.add(rank)
                 self.event("anomaly", f"rank {rank} stalled: no step for {now - since:.0f} s (at step {step})",
                            rank=rank, step=step)
+
+    def _layer_record_due(self) -> bool:
+        """Per-layer history is stored once a second for ten minutes, then every ten seconds:
+        a 500-parameter model then costs the store about 2 MB an hour, not 70."""
+        now = time.monotonic()
+        interval = 1.0 if now - self._started < 600 else 10.0
+        if now - self._last_layer_record >= interval:
+            self._last_layer_record = now
+            return True
+        return False
 
     def _deferred_anomaly(self, rows: list) -> None:
         """Off the CPU, a non-finite step is seen here, at the flush: pause at the next step.
