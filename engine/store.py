@@ -267,11 +267,13 @@ class StoreReader:
             self._db.execute("PRAGMA writable_schema=1")
             tables = {n for (n,) in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             self._db.execute("SELECT count(*) FROM names").fetchone()
+            # A store written before the summary table existed has none, or an empty one
+            # if a later writer opened it: its long series are decimated from raw rows.
+            self._summary = "summary" in tables and self._db.execute(
+                "SELECT EXISTS (SELECT 1 FROM summary) OR NOT EXISTS (SELECT 1 FROM scalars)").fetchone()[0] == 1
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise StoreError(f"{self.path.name} is unreadable: {exc}" + (f" ({self._cut})" if self._cut else "")) from None
-        self._summary = "summary" in tables
-        """Stores written before the summary table existed are decimated from raw rows."""
         if self._cut:
             self._damaged(None, "")
 

@@ -153,10 +153,16 @@ def test_a_store_without_the_summary_table_is_still_decimated(tmp_path):
     db.execute("DROP TABLE summary")
     db.commit()
     db.close()
+    raw = raw_points(path, "loss")
     with StoreReader(path) as reader:
         steps, values = reader.series("loss", max_points=4000)
-    raw = raw_points(path, "loss")
     assert 1000 < len(steps) <= 4000 and all(raw[s] == v for s, v in zip(steps, values))
+    # A later writer (the launcher recording a crash) creates the table empty: still raw.
+    writer = StoreWriter(path)
+    writer.write(events=[(0.0, 20_000, "run", "crashed", {})])
+    writer.close()
+    with StoreReader(path) as reader:
+        assert reader.series("loss", max_points=4000) == (steps, values)
 
 
 # ------------------------------------------------------------------- reads during writes
