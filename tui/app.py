@@ -106,6 +106,9 @@ class DashboardApp(App[str]):
         self.source.start(self._deliver)
 
     def on_unmount(self) -> None:
+        if self._redraw_timer is not None:
+            self._redraw_timer.stop()  # a redraw due after the screens are gone finds nothing
+            self._redraw_timer = None
         self.source.close()
 
     # ------------------------------------------------------------- source -> state
@@ -225,6 +228,8 @@ class DashboardApp(App[str]):
 
     def _redraw(self) -> None:
         self._redraw_timer = None
+        if not self.is_running or not self.screen_stack:
+            return
         self._last_redraw = time.monotonic()
         state = self.state
         header = self.query_one(RunHeader)
