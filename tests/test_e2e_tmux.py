@@ -15,7 +15,8 @@ from runner import ENV, SCRIPTS
 from tmux import Terminal, require_tmux
 
 PTDASH = f"{sys.executable} -m ptdash.tui.cli"
-TERM_ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TERM": "xterm-256color"}
+TERM_ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TERM": "xterm-256color",
+            "XDG_RUNTIME_DIR": ENV["XDG_RUNTIME_DIR"]}  # the tests' private sockets and registry
 
 
 @pytest.fixture

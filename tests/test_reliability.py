@@ -297,7 +297,7 @@ def test_a_client_that_connects_and_never_reads_does_not_slow_training(soak):
     run.client = client
     assert run.send("pause").ok
     listed = ptdash("ls", cwd=run.run_dir.parent)
-    assert next(x for x in listed.stdout.splitlines() if run.run_dir.name in x).split()[1] == "paused"
+    assert next(x for x in listed.stdout.splitlines() if x.endswith(str(run.run_dir))).split()[1] == "paused"
     assert run.send("resume").ok
     client.close()
 
