@@ -31,6 +31,7 @@ from torch import nn
 
 from . import checkpoint
 from . import doctor_rules as rules
+from .patching import Patches
 
 log = logging.getLogger("ptdash.doctor")
 
@@ -49,7 +50,7 @@ class Doctor:
         self.engine = engine
         self._lock = threading.Lock()
         self._reported: set[str] = set()
-        self._patches: list[tuple[Any, str, Any, bool]] = []
+        self._patches = Patches()
         self._cuda = False
         self._anomaly: tuple[bool, Any] | None = None
         self._anomaly_trace = ""
@@ -119,17 +120,10 @@ class Doctor:
             torch.autograd.set_detect_anomaly(self._anomaly[0])
             rules.remove_filter(self._anomaly[1])
             self._anomaly = None
-        for owner, name, original, existed in reversed(self._patches):
-            if existed:
-                setattr(owner, name, original)
-            else:
-                delattr(owner, name)
-        self._patches.clear()
+        self._patches.undo()
 
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
-        existed = name in vars(owner)
-        self._patches.append((owner, name, vars(owner).get(name), existed))
-        setattr(owner, name, replacement)
+        self._patches.set(owner, name, replacement)
 
     # ----------------------------------------------------------------- reporting
 

@@ -27,6 +27,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from . import checkpoint, metrics
+from .patching import Patches
 from .recorder import StepRecord
 
 
@@ -43,7 +44,7 @@ class Hooks:
         self.scalers: list[weakref.ref] = []
         self.models: list[torch.nn.Module] = []
         self._handles: list[Any] = []
-        self._patches: list[tuple[Any, str, Any, bool]] = []
+        self._patches = Patches()
         self._model_hook = None
         # Per-step state, reset after each step of the main optimizer.
         self._losses: list[torch.Tensor] = []
@@ -125,17 +126,10 @@ class Hooks:
         if self._model_hook is not None:
             self._model_hook.remove()
             self._model_hook = None
-        for owner, name, original, existed in reversed(self._patches):
-            if existed:
-                setattr(owner, name, original)
-            else:
-                delattr(owner, name)
-        self._patches.clear()
+        self._patches.undo()
 
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
-        existed = name in vars(owner)
-        self._patches.append((owner, name, vars(owner).get(name), existed))
-        setattr(owner, name, replacement)
+        self._patches.set(owner, name, replacement)
 
     def _patch_init(self, cls: type, registry: list) -> None:
         original = cls.__init__
