@@ -67,6 +67,7 @@ class Engine:
         self._user_values: dict = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._flush_soon = threading.Event()
         self._flusher: threading.Thread | None = None
         self._resume: dict | None = None
         self._last_checkpoint_time = time.monotonic()
@@ -148,6 +149,7 @@ class Engine:
         self.set_state(state)
         self.event("run", f"{state} with exit code {exit_code}" + (f": {detail.splitlines()[-1]}" if detail else ""))
         self._stop.set()
+        self._flush_soon.set()
         if self._flusher is not None:
             self._flusher.join(timeout=10)
         self._flush()
@@ -175,6 +177,7 @@ class Engine:
         """Change the run state (None: only settings changed) and tell every dashboard."""
         if state is not None:
             self.state = state
+            self._flush_soon.set()
         if "paused_at" in changes:
             self.paused_at = changes["paused_at"]
         self._publish(self.status())
@@ -417,7 +420,14 @@ class Engine:
 
     def _flush_loop(self) -> None:
         last_status = last_system = 0.0
-        while not self._stop.wait(self.flush_interval):
+        # Slow steps are flushed a few at a time (each flush has a fixed cost: a store
+        # transaction, a per-layer record, messages); fast ones a few times a second.
+        while not self._stop.is_set():
+            # A state change (a pause, a stop) wakes it early, so the store shows where it happened.
+            self._flush_soon.wait(min(1.0, max(self.flush_interval, 4 * self.hooks.last_step_s)))
+            self._flush_soon.clear()
+            if self._stop.is_set():
+                break
             try:
                 now = time.monotonic()
                 system_row = None
