@@ -11,9 +11,11 @@ and times how long the dashboard takes to show its first frame.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -42,7 +44,8 @@ def first_frame(env: dict) -> float | None:
     exports = " ".join(f"{k}={v}" for k, v in env.items() if k in ("OMP_NUM_THREADS", "XDG_RUNTIME_DIR"))
     t0 = time.monotonic()
     subprocess.run(["tmux", "-L", server, "new-session", "-d", "-s", "b", "-x", "120", "-y", "36", "-c", tmp,
-                    f"env {exports} {sys.executable} -m ptdash.tui.cli demo --steps 100000"], check=True)
+                    f"env {exports} {sys.executable} -m ptdash.tui.cli --run-dir run demo --steps 100000"],
+                   check=True)
     try:
         while time.monotonic() - t0 < 60:
             screen = subprocess.run(["tmux", "-L", server, "capture-pane", "-p", "-t", "b"],
@@ -52,11 +55,21 @@ def first_frame(env: dict) -> float | None:
             time.sleep(0.02)
         return None
     finally:
-        subprocess.run(["tmux", "-L", server, "send-keys", "-t", "b", "q"])
-        time.sleep(0.5)
-        subprocess.run(["tmux", "-L", server, "send-keys", "-t", "b", "s"])
-        time.sleep(2)
-        subprocess.run(["tmux", "-L", server, "kill-server"])
+        subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True)
+        # The engine outlives its terminal by design: end it here.
+        run_json = os.path.join(tmp, "run", "run.json")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(run_json) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for _ in range(100):
+            pid = json.load(open(run_json)).get("pid") if os.path.exists(run_json) else None
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                break
+            time.sleep(0.1)
 
 
 def main() -> None:
