@@ -39,7 +39,7 @@ def run(command: list[str], env: dict) -> list[float]:
 def first_frame(env: dict) -> float | None:
     if shutil.which("tmux") is None:
         return None
-    server = f"ptdash-bench-{os.getpid()}"
+    server = f"ptdash-bench-{os.getpid()}-{time.monotonic_ns()}"
     tmp = tempfile.mkdtemp()
     exports = " ".join(f"{k}={v}" for k, v in env.items() if k in ("OMP_NUM_THREADS", "XDG_RUNTIME_DIR"))
     t0 = time.monotonic()
