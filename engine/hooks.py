@@ -65,6 +65,7 @@ class Hooks:
         self._resume_fire = None
         self._resume_handle = None
         self._dist_checked = False
+        self._discovered = False
         self.last_step_s = 0.0
         """Recent step duration (a moving average), for spacing the rank exchanges."""
         self.grad_device = "cpu"
@@ -415,7 +416,6 @@ class Hooks:
         self.engine.fill_record(record)
         self.engine.recorder.add(record)
         self.engine.doctor.on_post_step(opt, self.step + 1)
-        first = self.step == 0
         self.step += 1
         self._losses.clear()
         self._norms = None
@@ -425,7 +425,8 @@ class Hooks:
         self._t_post = now
         self._t_forward = None
         self._samples = 0
-        if first:
+        if not self._discovered:  # the first step of this process (a resumed run starts at N)
+            self._discovered = True
             self._discover(opt)
         self.engine.on_step_end(self.step)
 
