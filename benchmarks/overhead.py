@@ -280,9 +280,6 @@ def instrument(engine, on: bool) -> None:
         engine.hooks.attach()
         if doctor is not None:
             doctor.attach()
-        # attach() does not reinstall the model's forward pre-hook that detach() removed.
-        if engine.hooks.models and engine.hooks._model_hook is None:
-            engine.hooks.set_models(engine.hooks.models)
     else:
         engine.hooks.detach()
         if doctor is not None:

@@ -94,9 +94,9 @@ class Controls:
 
     def has_work(self, step: int) -> bool:
         """Cheap check for the hot path: anything queued, pending, or a rank exchange due?"""
-        if self.dist is not None and self.dist.due(step):
-            return True
-        return bool(self._inbox) or self.paused or bool(self.pending.checkpoint) or self.pending.stop is not None
+        pending = self.pending
+        return bool(self._inbox or self.paused or pending.checkpoint or pending.stop is not None
+                    or (self.dist is not None and self.dist.due(step)))
 
     def at_step_start(self, step: int) -> None:
         """Apply queued commands before step ``step + 1`` updates; block while paused."""

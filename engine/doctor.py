@@ -11,6 +11,9 @@ confirmed at the flush, on the host. Where each rule is decided:
 - ``zero-grad-before-step``: a relevant ``zero_grad`` after the step's last backward:
   ``None`` gradients at once, all-zero ones from the flush's per-layer norms.
 - ``train-in-eval-mode``, ``never-learns``: host attributes at ``on_pre_step``.
+
+The training-thread checks run on the steps ``watches()`` picks (every step at first,
+then one in WATCH_EVERY), so a healthy loop pays for them on a few steps only.
 - ``inplace-autograd``: ``on_crash``; ``detect_anomaly`` in the config turns anomaly mode on.
 - ``host-syncs`` (CUDA only), ``sampler-no-set-epoch``, ``dataparallel``, ``input-bound``,
   ``lr-zero``, ``loss-plateau``: see ``doctor_rules``.
@@ -41,6 +44,16 @@ CARRY_STEPS = 3
 """Steps that must carry the previous step's gradient before grads-never-cleared is reported."""
 MAX_WARNINGS = 50
 """Distinct Python warnings recorded per run; later ones are only counted."""
+WATCH_FIRST = 64
+WATCH_EVERY = 16
+"""The training-thread checks watch every step up to WATCH_FIRST (past NEVER_LEARNS_STEPS),
+then every WATCH_EVERY-th: the bugs they look for repeat every step, and a step not
+watched costs them nothing."""
+
+
+def watches(step: int) -> bool:
+    """Whether the training-thread checks watch step ``step`` (counted from 1)."""
+    return step <= WATCH_FIRST or step % WATCH_EVERY == 0
 
 
 class Doctor:
@@ -71,6 +84,8 @@ class Doctor:
         self._zeroed_after: str | None = None
         self._eval_sources: dict[int, str | None] = {}
         self._sample_handle = None
+        self.watching = True
+        """Whether the hooks call ``on_backward``, ``on_zero_grad`` and ``on_pre_step`` this step."""
         self._reset(None)
 
     def _reset(self, opt) -> None:
@@ -168,6 +183,11 @@ class Doctor:
         except Exception:
             log.exception("doctor check failed")
 
+    def _watch_sample(self) -> None:
+        """Follow the sample's gradient across the backwards of a watched step."""
+        if self._sample.requires_grad and self._sample.is_leaf:
+            self._sample_handle = self._sample.register_post_accumulate_grad_hook(self._after_accumulate)
+
     def _after_accumulate(self, param) -> None:
         grad = param.grad
         self._base = (weakref.ref(grad), grad._version) if grad is not None else (None, -1)
@@ -218,8 +238,7 @@ class Doctor:
             self._check_frozen(opt, step)
         if self._sample is None and params_with_grad:
             self._sample = params_with_grad[0]
-            if self._sample.requires_grad and self._sample.is_leaf:
-                self._sample_handle = self._sample.register_post_accumulate_grad_hook(self._after_accumulate)
+            self._watch_sample()
         if self._backwards:
             if not params_with_grad:
                 self._report_zeroed(step, self._zeroed_after, "no gradients at all (every .grad was None)")
@@ -233,16 +252,24 @@ class Doctor:
             self._check_modes(step)
 
     def on_post_step(self, opt, step: int) -> None:
-        """After the update of step ``step``."""
+        """After the update of step ``step`` (called every step; decides whether the next is watched)."""
         try:
             if self._main is None or self._main() is not opt:
                 return
-            grad = self._sample.grad if self._sample is not None else None
-            self._base = (weakref.ref(grad), grad._version) if grad is not None else (None, -1)
-            self._backwards = 0
-            self._cleared = False
-            self._carry_norm = None
-            self._zeroed_after = None
+            watch = watches(step + 1)
+            if watch:
+                grad = self._sample.grad if self._sample is not None else None
+                self._base = (weakref.ref(grad), grad._version) if grad is not None else (None, -1)
+                self._backwards = 0
+                self._cleared = False
+                self._carry_norm = None
+                self._zeroed_after = None
+                if self._sample_handle is None and self._sample is not None:
+                    self._watch_sample()
+            elif self._sample_handle is not None:
+                self._sample_handle.remove()
+                self._sample_handle = None
+            self.watching = watch
             if self._cuda and (self.syncs.active or torch.cuda.is_initialized()):
                 found = self.syncs.on_post_step(step)
                 if found:

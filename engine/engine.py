@@ -68,6 +68,7 @@ class Engine:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._flush_soon = threading.Event()
+        self._periodic = False
         self._flusher: threading.Thread | None = None
         self._resume: dict | None = None
         self._last_checkpoint_time = time.monotonic()
@@ -109,6 +110,9 @@ class Engine:
             self.settings.clip = saved.get("clip", self.settings.clip) if self.config.get("clip") is None else self.settings.clip
             self.settings.lr_scale = saved.get("lr_scale", 1.0) if self.config.get("lr_scale") is None else self.settings.lr_scale
         self.hooks.step = self.start_step
+        self._periodic = bool(self.config.get("profile_steps") or self.config.get("checkpoint_every")
+                              or self.config.get("checkpoint_every_s"))
+        """Whether each step end checks for a profile window or a periodic checkpoint."""
         self.hooks.update_ratio_every = int(self.config.get("update_ratio_every", 100))
         if self.config.get("memory_history"):
             system.memory_history_start()
@@ -371,6 +375,8 @@ class Engine:
             self.set_state("running")
         if self._profile is not None:
             self._profile_step()
+        if not self._periodic:
+            return
         window = self.config.get("profile_steps")
         if window and step + 1 == window[0]:
             self.start_profile(None, step, window[1] - window[0] + 1)
@@ -380,16 +386,16 @@ class Engine:
                 every_s and time.monotonic() - self._last_checkpoint_time >= float(every_s)):
             self.controls.request_checkpoint("periodic")
 
-    def fill_record(self, record) -> None:
-        """Add values logged with ``ptdash.log`` since the previous step."""
-        if self._user_values:
-            with self._lock:
-                values, self._user_values = self._user_values, {}
-            for name, value in values.items():
-                if isinstance(value, torch.Tensor):
-                    record.device[name] = value.detach().float().reshape(())
-                else:
-                    record.host[name] = float(value)
+    @property
+    def has_user_values(self) -> bool:
+        return bool(self._user_values)
+
+    def take_user_values(self) -> dict:
+        """Values logged with ``ptdash.log`` since the previous step (tensors stay on device)."""
+        with self._lock:
+            values, self._user_values = self._user_values, {}
+        return {name: value.detach().reshape(()) if isinstance(value, torch.Tensor) else float(value)
+                for name, value in values.items()}
 
     # ------------------------------------------------------------- public API
 

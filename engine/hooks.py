@@ -10,8 +10,13 @@ undone by ``detach()``:
   script's, and the pre-clip norm is seen;
 - ``Optimizer.__init__``, ``LRScheduler.__new__``, ``GradScaler.__init__``/``scale``:
   discovery of what checkpoints need, and the unscaled loss under GradScaler;
-- a forward pre-hook on the model once it is known: time spent waiting for data, the
-  batch size, and the save point at the start of each step.
+- a forward pre-hook on the model once it is known, on the steps the doctor watches and
+  whenever a checkpoint is due: time spent waiting for data, the batch size, and the save
+  point at the start of a step.
+
+The hot path is what runs at every step of the main optimizer: a loss reference kept at
+``backward``, one fused norm pass (shared with the script's own clipping), a finite check
+on CPU, and a slotted record appended for the flusher. Everything else is sampled.
 
 Nothing here waits for the device: the only ``.item()`` calls read CPU tensors.
 """
@@ -19,6 +24,7 @@ Nothing here waits for the device: the only ``.item()`` calls read CPU tensors.
 from __future__ import annotations
 
 import math
+import operator
 import time
 import weakref
 from typing import Any
@@ -29,6 +35,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from . import checkpoint, metrics
 from .patching import Patches
 from .recorder import StepRecord
+
+_GRAD = operator.attrgetter("grad")
+_perf_counter = time.perf_counter
+_isfinite = math.isfinite
 
 
 class Hooks:
@@ -46,9 +56,11 @@ class Hooks:
         self._handles: list[Any] = []
         self._patches = Patches()
         self._model_hook = None
+        self._forward_on = True
+        """Whether the model's forward pre-hook is wanted (it is installed once a model is known)."""
         # Per-step state, reset after each step of the main optimizer.
         self._losses: list[torch.Tensor] = []
-        self._norms: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._norms: tuple[torch.Tensor | None, torch.Tensor] | None = None
         self._clip_max: float | None = None
         self._saved_lrs: list[tuple[dict, Any]] = []
         self._in_step = False
@@ -58,6 +70,11 @@ class Hooks:
         self._t_pre: float | None = None
         self._samples = 0
         self.layer_params: list[torch.Tensor] = []
+        self._params_key: tuple = ()
+        self._params: list[torch.Tensor] = []
+        self._fused: bool | None = None
+        """Whether the main optimizer's gradients take the fused norm path (one device, one
+        dtype, foreach support); decided once per parameter list."""
         self._before: list[torch.Tensor] | None = None
         self._before_params: list[torch.Tensor] | None = None
         self.update_ratio_every = 100
@@ -94,8 +111,8 @@ class Hooks:
         self._patch_init(torch.amp.GradScaler, self.scalers)
         self._patch(torch.amp.GradScaler, "scale", self._wrap_scale(torch.amp.GradScaler.scale))
         self._patch(torch.optim.Optimizer, "zero_grad", self._wrap_zero_grad(torch.optim.Optimizer.zero_grad))
-        if self.models and self._model_hook is None:  # attached again after a detach
-            self._model_hook = self.models[0].register_forward_pre_hook(self._on_forward)
+        if self._forward_on:  # attached again after a detach
+            self._set_forward_hook(True)
 
     def arm_resume(self, apply) -> None:
         """Call ``apply()`` once, at the first module forward or optimizer step.
@@ -170,8 +187,15 @@ class Hooks:
         if self._model_hook is not None:
             self._model_hook.remove()
             self._model_hook = None
-        if self.models:
+        self._set_forward_hook(self._forward_on)
+
+    def _set_forward_hook(self, on: bool) -> None:
+        self._forward_on = on
+        if on and self._model_hook is None and self.models:
             self._model_hook = self.models[0].register_forward_pre_hook(self._on_forward)
+        elif not on and self._model_hook is not None:
+            self._model_hook.remove()
+            self._model_hook = None
 
     def _discover(self, opt: torch.optim.Optimizer) -> None:
         if not self.models:
@@ -182,16 +206,17 @@ class Hooks:
     # ----------------------------------------------------------------- the patches
 
     def _wrap_backward(self, original):
-        hooks = self
+        hooks, doctor, Tensor = self, self.engine.doctor, torch.Tensor
 
         def backward(tensors, *args, **kwargs):
-            t = tensors if isinstance(tensors, torch.Tensor) else None
-            if t is None and isinstance(tensors, (list, tuple)) and len(tensors) == 1:
-                t = tensors[0]
-            if isinstance(t, torch.Tensor) and t.numel() == 1:
+            t = tensors
+            if type(t) in (list, tuple) and len(t) == 1:
+                t = t[0]
+            if isinstance(t, Tensor) and t.numel() == 1:
                 raw = getattr(t, "_ptdash_raw", None)
-                hooks._losses.append((raw if raw is not None else t).detach().reshape(()))
-            hooks.engine.doctor.on_backward()
+                hooks._losses.append((t if raw is None else raw).detach())
+            if doctor.watching:
+                doctor.on_backward()
             return original(tensors, *args, **kwargs)
 
         backward.__wrapped__ = original
@@ -209,16 +234,18 @@ class Hooks:
         return scale
 
     def _wrap_zero_grad(self, original):
-        hooks = self
+        hooks, doctor = self, self.engine.doctor
 
         def zero_grad(opt, *args, **kwargs):
-            if (hooks.main is None or hooks.main() is opt) and not hooks._in_step:
+            if not hooks._in_step and (hooks.main is None or hooks.main() is opt):
                 # What a step GradScaler skipped left behind (no optimizer hook fired)
                 # must not be counted in the next step.
-                hooks._losses.clear()
+                if hooks._losses:
+                    hooks._losses = []
                 hooks._norms = None
                 hooks._clip_max = None
-            hooks.engine.on_zero_grad(opt)
+            if doctor.watching:
+                doctor.on_zero_grad(opt)
             return original(opt, *args, **kwargs)
 
         zero_grad.__wrapped__ = original
@@ -269,20 +296,22 @@ class Hooks:
     # ---------------------------------------------------------------- step hooks
 
     def _is_main(self, opt) -> bool:
-        if self.main is None or self.main() is None:
+        main = self.main() if self.main is not None else None
+        if main is None:
             # The first optimizer that steps is the main one (or the next, once it is gone).
             self.main = weakref.ref(opt)
             if not any(r() is opt for r in self.optimizers):
                 self.optimizers.append(weakref.ref(opt))
-        return self.main() is opt
+            return True
+        return main is opt
 
     def _pre_step(self, opt, args, kwargs):
         if self._resume is not None:
             self._resume_fire()
         main = self._is_main(opt)
-        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        closure = args[1] if len(args) > 1 else kwargs.get("closure") if kwargs else None
         if main:
-            self._t_pre = time.perf_counter()
+            self._t_pre = _perf_counter()
             if not self._dist_checked:
                 self._dist_checked = True
                 self.engine.setup_distributed()
@@ -305,7 +334,8 @@ class Hooks:
                 result = (args, {**kwargs, "closure": wrapped})
         else:
             self._grads_ready(opt, main, measure=True)
-        self._scale_lr(opt)
+        if self.engine.settings.lr_scale != 1.0:
+            self._scale_lr(opt)
         return result
 
     def _wrap_closure(self, opt, closure, main: bool):
@@ -322,6 +352,29 @@ class Hooks:
 
         return ptdash_closure
 
+    def _main_params(self, opt) -> list[torch.Tensor]:
+        """The main optimizer's parameters, flattened; rebuilt when its groups change."""
+        key = tuple((id(g["params"]), len(g["params"])) for g in opt.param_groups)
+        if key != self._params_key:
+            self._params_key = key
+            self._params = [p for g in opt.param_groups for p in g["params"]]
+            self._fused = None
+        return self._params
+
+    def _measure(self, opt) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """The parameters with a gradient, their per-parameter norms and the total norm."""
+        params = self._main_params(opt)
+        grads = [g for g in map(_GRAD, params) if g is not None]
+        if len(grads) != len(params):
+            params = [p for p in params if p.grad is not None]
+        elif self._fused is None and grads:
+            self._fused = metrics.fused_ok(grads)
+        if self._fused and len(grads) == len(self._params):
+            per_tensor, total = metrics.fused_norms(grads)
+        else:
+            per_tensor, total = metrics.grad_norms(grads)
+        return params, per_tensor, total
+
     def _grads_ready(self, opt, main: bool, measure: bool) -> None:
         override = self.engine.settings.clip
         script_clipped = self._clip_max is not None
@@ -331,93 +384,81 @@ class Hooks:
                 _, total = metrics.grad_norms([p.grad for p in params])
                 metrics.clip_with_norm(params, override, total)
             return
-        if self._norms is None or self._norms[0] is None:
-            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-            per_tensor, total = metrics.grad_norms([p.grad for p in params])
-            if self._norms is None:
-                self._norms = (per_tensor, total)
-            else:  # the script passed its own total norm: keep it as the pre-clip norm
-                self._norms = (per_tensor, self._norms[1])
+        norms = self._norms
+        if norms is None or norms[0] is None:
+            params, per_tensor, total = self._measure(opt)
+            # A total the script passed to clip_grads_with_norm_ stays the pre-clip norm.
+            self._norms = norms = (per_tensor, total if norms is None else norms[1])
             self.layer_params = params
             if override is not None and not script_clipped:
                 metrics.clip_with_norm(params, override, total)
                 self._clip_max = override
-        per_tensor, total = self._norms
-        self.grad_device = total.device.type
-        self.engine.doctor.on_pre_step(opt, self.step + 1, self.layer_params)
-        closure = self._closure_loss_index is not None
-        if not closure and total.device.type == "cpu" and not (
-                math.isfinite(total.item())
-                and all(math.isfinite(l.item()) for l in self._losses if l.device.type == "cpu")):
+        per_tensor, total = norms
+        doctor = self.engine.doctor
+        if doctor.watching:
+            doctor.on_pre_step(opt, self.step + 1, self.layer_params)
+        if total.is_cpu:
             # On CPU this check is free (no device to wait for), so a non-finite gradient is
             # caught before the update. On CUDA it would be a sync per step: the flusher
             # reports it there instead, a flush later.
-            self.engine.on_nonfinite(opt, self.step + 1, per_tensor, self.layer_params)
-        elif self.update_ratio_every and (self.step + 1) % self.update_ratio_every == 0 and self.layer_params:
+            if self._closure_loss_index is None:
+                finite = _isfinite(total.item())
+                for loss in self._losses:
+                    if loss.is_cpu and not _isfinite(loss.item()):
+                        finite = False
+                if not finite:
+                    self.engine.on_nonfinite(opt, self.step + 1, per_tensor, self.layer_params)
+                    return
+        elif self.grad_device != total.device.type:
+            self.grad_device = total.device.type
+        every = self.update_ratio_every
+        if every and (self.step + 1) % every == 0 and self.layer_params:
             self._before_params = self.layer_params
             self._before = torch._foreach_mul([p.detach() for p in self._before_params], 1.0)
 
     def _scale_lr(self, opt) -> None:
         scale = self.engine.settings.lr_scale
-        if scale != 1.0:
-            for group in opt.param_groups:
-                self._saved_lrs.append((group, group["lr"]))
-                group["lr"] = group["lr"] * scale
+        for group in opt.param_groups:
+            self._saved_lrs.append((group, group["lr"]))
+            group["lr"] = group["lr"] * scale
 
     def _restore_lr(self) -> list:
-        effective = [(group, group["lr"]) for group, _ in self._saved_lrs]
+        effective = [group["lr"] for group, _ in self._saved_lrs]
         for group, lr in self._saved_lrs:
             group["lr"] = lr
         self._saved_lrs.clear()
         return effective
 
     def _post_step(self, opt, args, kwargs) -> None:
-        effective = self._restore_lr()
+        lrs = self._restore_lr() if self._saved_lrs else None
         if self.main is None or self.main() is not opt:
             return
-        now = time.perf_counter()
-        record = StepRecord(step=self.step + 1, wall=time.time())
-        host, device = record.host, record.device
-        if self._closure_loss_index is not None and len(self._losses) > self._closure_loss_index:
-            device["loss"] = self._losses[self._closure_loss_index]
-            host["loss/micro_batches"] = 1.0
-        elif self._losses:
-            losses = self._losses if self._closure_loss_index is None else self._losses[:self._closure_loss_index]
-            if losses:
-                # A left fold, as a script summing its micro-batch losses would.
-                total = losses[0]
-                for loss in losses[1:]:
-                    total = total + loss
-                device["loss"] = total
-                host["loss/micro_batches"] = float(len(losses))
-        if self._norms is not None:
-            per_tensor, total = self._norms
-            device["grad/norm_total"] = total
-            if per_tensor is not None:
-                record.layers = per_tensor
-                record.params = self.layer_params
-            if self._clip_max is not None:
-                host["grad/clip_max"] = self._clip_max
-                device["grad/clipped"] = (total > self._clip_max).float()
+        now = _perf_counter()
+        step = self.step + 1
+        losses = self._losses
+        index = self._closure_loss_index
+        if index is not None:  # a closure: the loss of its first evaluation
+            losses = losses[index:index + 1] if len(losses) > index else losses[:index]
+        if lrs is None:
+            lrs = [g["lr"] for g in opt.param_groups]
+        if any(type(lr) is not float for lr in lrs):
+            # A tensor LR (capturable optimizers) changes in place: keep this step's value.
+            lrs = [lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr) for lr in lrs]
+        per_tensor, total = self._norms if self._norms is not None else (None, None)
+        ratios = None
         if self._before is not None:
-            record.update_ratios = metrics.update_ratio(self._before, [p.detach() for p in self._before_params])
+            ratios = metrics.update_ratio(self._before, [p.detach() for p in self._before_params])
             self._before = self._before_params = None
-        lr_source = effective or [(g, g["lr"]) for g in opt.param_groups]
-        for i, (_, lr) in enumerate(lr_source):
-            _put(host, device, f"opt/lr/group{i}", lr)
-        host["time/step_s"] = step_s = now - self._t_post
-        self.last_step_s = step_s if not self.last_step_s else 0.9 * self.last_step_s + 0.1 * step_s
-        if self._t_forward is not None and self._t_pre is not None:
-            host["time/data_s"] = max(0.0, self._t_forward - self._t_post)
-            host["time/compute_s"] = max(0.0, self._t_pre - self._t_forward)
-            host["time/optim_s"] = now - self._t_pre
-        if self._samples:
-            host["throughput/samples_per_s"] = self._samples / max(now - self._t_post, 1e-9)
-        self.engine.fill_record(record)
-        self.engine.recorder.add(record)
-        self.engine.doctor.on_post_step(opt, self.step + 1)
-        self.step += 1
-        self._losses.clear()
+        engine = self.engine
+        self.engine.recorder.add(StepRecord(
+            step, time.time(), losses, total, per_tensor, self.layer_params if per_tensor is not None else None,
+            self._clip_max, lrs, (self._t_post, self._t_forward, self._t_pre, now), self._samples, ratios,
+            engine.take_user_values() if engine.has_user_values else None))
+        step_s = now - self._t_post
+        self.last_step_s = 0.9 * self.last_step_s + 0.1 * step_s if self.last_step_s else step_s
+        engine.doctor.on_post_step(opt, step)
+        self.step = step
+        self._losses = []
         self._norms = None
         self._clip_max = None
         self._in_step = False
@@ -428,21 +469,23 @@ class Hooks:
         if not self._discovered:  # the first step of this process (a resumed run starts at N)
             self._discovered = True
             self._discover(opt)
-        self.engine.on_step_end(self.step)
+        engine.on_step_end(step)
+        # The forward hook times the data wait and serves checkpoints at the start of a
+        # step: it is installed for the steps the doctor watches and when a save is due.
+        pending = engine.controls.pending
+        want = engine.doctor.watching or bool(pending.checkpoint) or pending.stop is not None
+        if want is not self._forward_on:
+            self._set_forward_hook(want)
 
     def _on_forward(self, module, args) -> None:
         if self._in_step or not torch.is_grad_enabled():
             return  # a closure's forward, or an evaluation pass
         if self._t_forward is None:
-            self._t_forward = time.perf_counter()
-        if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
-            self._samples += args[0].shape[0]
-        if self.engine.controls.has_work(self.step):
-            self.engine.controls.at_save_point(self.step)
-
-
-def _put(host: dict, device: dict, name: str, value) -> None:
-    if isinstance(value, torch.Tensor):
-        device[name] = value.detach()
-    else:
-        host[name] = float(value)
+            self._t_forward = _perf_counter()
+        if args and isinstance(args[0], torch.Tensor):
+            shape = args[0].shape
+            if shape:
+                self._samples += shape[0]
+        controls = self.engine.controls
+        if controls.has_work(self.step):
+            controls.at_save_point(self.step)
