@@ -171,10 +171,12 @@ def _to_host(tensors: list[torch.Tensor], flat: bool = True) -> list:
         by_device[t.device].append(index)
     for device, indices in by_device.items():
         if flat:
-            parts = [tensors[i].detach().reshape(()) for i in indices]
-            if len({p.dtype for p in parts}) > 1:
-                parts = [p.float() for p in parts]
-            host = _copy_without_sync(torch.stack(parts).float()).tolist()
+            parts = [tensors[i] for i in indices]
+            try:  # the common case: all 0-d, one dtype
+                stacked = torch.stack(parts)
+            except RuntimeError:
+                stacked = torch.stack([p.detach().float().reshape(()) for p in parts])
+            host = _copy_without_sync(stacked.detach().float().reshape(-1)).tolist()
             for i, value in zip(indices, host):
                 out[i] = value
             continue

@@ -143,18 +143,22 @@ class StoreWriter:
             for step, _wall, values in extra:
                 for name, value in values.items():
                     scalars.append((ids.get(name) or self._name_id(name), rank, step, value))
-            deltas, redo = self._plan_summary(scalars)
-            self._db.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", steps)
-            self._db.executemany("INSERT OR REPLACE INTO scalars VALUES (?, ?, ?, ?)", scalars)
-            self._update_summary(deltas, redo)
-            self._db.executemany(
-                "INSERT INTO events (wall, step, kind, message, data) VALUES (?, ?, ?, ?, ?)",
-                [(w, s, k, m, json.dumps(d, allow_nan=False, default=str)) for w, s, k, m, d in events],
-            )
-            self._db.executemany(
-                "INSERT OR REPLACE INTO blobs VALUES (?, ?, ?, ?)",
-                [(kind, rank, step, data) for kind, step, data in blobs],
-            )
+            if steps:
+                self._db.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", steps)
+            if scalars:
+                deltas, redo = self._plan_summary(scalars)
+                self._db.executemany("INSERT OR REPLACE INTO scalars VALUES (?, ?, ?, ?)", scalars)
+                self._update_summary(deltas, redo)
+            if events:
+                self._db.executemany(
+                    "INSERT INTO events (wall, step, kind, message, data) VALUES (?, ?, ?, ?, ?)",
+                    [(w, s, k, m, json.dumps(d, allow_nan=False, default=str)) for w, s, k, m, d in events],
+                )
+            if blobs:
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO blobs VALUES (?, ?, ?, ?)",
+                    [(kind, rank, step, data) for kind, step, data in blobs],
+                )
 
     def _plan_summary(self, scalars: list[tuple]) -> tuple[dict[tuple, list], set[tuple]]:
         """How the flush's scalars change the summary, decided before they are inserted.

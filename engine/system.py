@@ -370,6 +370,38 @@ def memory_history_stop() -> bool:
 # ---------------------------------------------------------------------------- host
 
 
+def descendant_pids(pid: int) -> list[int] | None:
+    """Every process below ``pid``, from the kernel's per-thread children lists.
+
+    Reads ``/proc/<pid>/task/<tid>/children`` (Linux, CONFIG_PROC_CHILDREN): a few files
+    per process in the tree, where listing children through psutil reads every process
+    on the machine. None where those files do not exist.
+    """
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            if parent == pid:
+                return None
+            continue  # a descendant that just exited
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", "rb") as f:
+                    children = [int(c) for c in f.read().split()]
+            except FileNotFoundError:
+                if not os.path.exists(f"/proc/{parent}/task/{tid}"):
+                    continue  # the thread ended meanwhile
+                return None  # the kernel does not keep children lists
+            except OSError:
+                continue
+            out.extend(children)
+            todo.extend(children)
+    return out
+
+
 class HostSampler:
     """CPU and memory of the host, this process, and its children (DataLoader workers).
 
@@ -417,15 +449,22 @@ class HostSampler:
         }
 
     def _sample_children(self) -> tuple[float, int]:
-        # Listing children scans every PID in /proc (milliseconds on a busy machine),
-        # so it is refreshed only every few seconds; known children are read each time.
+        # The list of children is refreshed every few seconds; known children are read each time.
         now = time.monotonic()
         if now - self._children_at >= self._children_every_s:
             self._children_at = now
-            try:
-                found = self._proc.children(recursive=True)
-            except psutil.Error:
-                found = []
+            pids = descendant_pids(self._proc.pid)
+            found = []
+            if pids is None:  # no /proc/<pid>/task/<tid>/children here: scan every process
+                try:
+                    found = self._proc.children(recursive=True)
+                except psutil.Error:
+                    pass
+            for pid in pids or ():
+                try:
+                    found.append(psutil.Process(pid))
+                except psutil.Error:
+                    pass  # already gone
             # Keep the old Process objects: they carry the CPU-time baseline. Equality
             # also compares creation time, so a recycled PID gets a fresh object.
             known = self._children

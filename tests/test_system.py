@@ -195,6 +195,28 @@ def test_host_sampler_counts_children():
     assert host.sample()["workers"] == 0
 
 
+def test_descendants_from_the_kernel_match_a_full_process_scan():
+    import psutil
+
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+            "print('up', flush=True); time.sleep(30)")
+    kids = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        for k in kids:
+            assert k.stdout.readline().strip() == "up"
+        time.sleep(0.2)  # the grandchild has been spawned before "up"; let it exec
+        me = psutil.Process()
+        expected = sorted(c.pid for c in me.children(recursive=True))
+        assert len(expected) >= 4  # two children, two grandchildren
+        assert sorted(system.descendant_pids(me.pid)) == expected
+    finally:
+        for k in kids:
+            for c in psutil.Process(k.pid).children(recursive=True):
+                c.kill()
+            k.kill()
+            k.wait()
+
+
 def test_cuda_stats_empty_without_cuda():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_initialized():
