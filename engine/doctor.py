@@ -86,6 +86,9 @@ class Doctor:
         self._sample_handle = None
         self.watching = True
         """Whether the hooks call ``on_backward``, ``on_zero_grad`` and ``on_pre_step`` this step."""
+        self.post_from = 0
+        """The hooks call ``on_post_step`` after each step from this one on (it moves ahead
+        while no step is watched)."""
         self._reset(None)
 
     def _reset(self, opt) -> None:
@@ -270,6 +273,10 @@ class Doctor:
                 self._sample_handle.remove()
                 self._sample_handle = None
             self.watching = watch
+            if watch or self._cuda:
+                self.post_from = step + 1
+            else:  # nothing to do until the step before the next watched one
+                self.post_from = ((step + 1) // WATCH_EVERY + 1) * WATCH_EVERY - 1
             if self._cuda and (self.syncs.active or torch.cuda.is_initialized()):
                 found = self.syncs.on_post_step(step)
                 if found:

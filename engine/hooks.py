@@ -60,6 +60,8 @@ class Hooks:
         """Whether the model's forward pre-hook is wanted (it is installed once a model is known)."""
         # Per-step state, reset after each step of the main optimizer.
         self._losses: list[torch.Tensor] = []
+        self._unscaled: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        """GradScaler-scaled losses waiting for their backward, and the loss before scaling."""
         self._norms: tuple[torch.Tensor | None, torch.Tensor] | None = None
         self._clip_max: float | None = None
         self._saved_lrs: list[tuple[dict, Any]] = []
@@ -213,8 +215,11 @@ class Hooks:
             if type(t) in (list, tuple) and len(t) == 1:
                 t = t[0]
             if isinstance(t, Tensor) and t.numel() == 1:
-                raw = getattr(t, "_ptdash_raw", None)
-                hooks._losses.append((t if raw is None else raw).detach())
+                if hooks._unscaled:
+                    ref, raw = hooks._unscaled.pop(id(t), (None, None))
+                    if ref is not None and ref() is t:
+                        t = raw
+                hooks._losses.append(t.detach())
             if doctor.watching:
                 doctor.on_backward()
             return original(tensors, *args, **kwargs)
@@ -223,11 +228,15 @@ class Hooks:
         return backward
 
     def _wrap_scale(self, original):
+        hooks = self
+
         def scale(scaler, outputs):
             scaled = original(scaler, outputs)
-            if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor):
-                # The loss before scaling, for the loss chart (no sync: a tensor attribute).
-                scaled._ptdash_raw = outputs.detach()
+            if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor) and outputs.numel() == 1:
+                # The loss before scaling, for the loss chart, found again at its backward.
+                if len(hooks._unscaled) > 64:  # scaled losses that never ran backward
+                    hooks._unscaled.clear()
+                hooks._unscaled[id(scaled)] = (weakref.ref(scaled), outputs.detach())
             return scaled
 
         scale.__wrapped__ = original
@@ -456,7 +465,9 @@ class Hooks:
             engine.take_user_values() if engine.has_user_values else None))
         step_s = now - self._t_post
         self.last_step_s = 0.9 * self.last_step_s + 0.1 * step_s if self.last_step_s else step_s
-        engine.doctor.on_post_step(opt, step)
+        doctor = engine.doctor
+        if step >= doctor.post_from:
+            doctor.on_post_step(opt, step)
         self.step = step
         self._losses = []
         self._norms = None
@@ -473,7 +484,7 @@ class Hooks:
         # The forward hook times the data wait and serves checkpoints at the start of a
         # step: it is installed for the steps the doctor watches and when a save is due.
         pending = engine.controls.pending
-        want = engine.doctor.watching or bool(pending.checkpoint) or pending.stop is not None
+        want = doctor.watching or bool(pending.checkpoint) or pending.stop is not None
         if want is not self._forward_on:
             self._set_forward_hook(want)
 
