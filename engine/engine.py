@@ -64,7 +64,8 @@ class Engine:
         self.exit_code: int | None = None
         self.detail = ""
         self._events: list[tuple] = []
-        self._user_values: dict = {}
+        self.user_values: dict = {}
+        """Values given to ``ptdash.log`` since the previous step."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._flush_soon = threading.Event()
@@ -386,14 +387,10 @@ class Engine:
                 every_s and time.monotonic() - self._last_checkpoint_time >= float(every_s)):
             self.controls.request_checkpoint("periodic")
 
-    @property
-    def has_user_values(self) -> bool:
-        return bool(self._user_values)
-
     def take_user_values(self) -> dict:
         """Values logged with ``ptdash.log`` since the previous step (tensors stay on device)."""
         with self._lock:
-            values, self._user_values = self._user_values, {}
+            values, self.user_values = self.user_values, {}
         return {name: value.detach().reshape(()) if isinstance(value, torch.Tensor) else float(value)
                 for name, value in values.items()}
 
@@ -402,7 +399,7 @@ class Engine:
     def log(self, values: dict, step: int | None = None) -> None:
         with self._lock:
             for name, value in values.items():
-                self._user_values[f"user/{name}"] = value
+                self.user_values[f"user/{name}"] = value
 
     def watch(self, model=None, optimizer=None, scheduler=None, scaler=None) -> None:
         import weakref

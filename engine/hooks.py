@@ -39,6 +39,7 @@ from .recorder import StepRecord
 _GRAD = operator.attrgetter("grad")
 _perf_counter = time.perf_counter
 _isfinite = math.isfinite
+_FLOAT = {float}
 
 
 class Hooks:
@@ -450,7 +451,7 @@ class Hooks:
             losses = losses[index:index + 1] if len(losses) > index else losses[:index]
         if lrs is None:
             lrs = [g["lr"] for g in opt.param_groups]
-        if any(type(lr) is not float for lr in lrs):
+        if set(map(type, lrs)) != _FLOAT:
             # A tensor LR (capturable optimizers) changes in place: keep this step's value.
             lrs = [lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr) for lr in lrs]
         per_tensor, total = self._norms if self._norms is not None else (None, None)
@@ -459,10 +460,10 @@ class Hooks:
             ratios = metrics.update_ratio(self._before, [p.detach() for p in self._before_params])
             self._before = self._before_params = None
         engine = self.engine
-        self.engine.recorder.add(StepRecord(
+        engine.recorder.add(StepRecord(
             step, time.time(), losses, total, per_tensor, self.layer_params if per_tensor is not None else None,
             self._clip_max, lrs, (self._t_post, self._t_forward, self._t_pre, now), self._samples, ratios,
-            engine.take_user_values() if engine.has_user_values else None))
+            engine.take_user_values() if engine.user_values else None))
         step_s = now - self._t_post
         self.last_step_s = 0.9 * self.last_step_s + 0.1 * step_s if self.last_step_s else step_s
         doctor = engine.doctor

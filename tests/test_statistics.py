@@ -135,3 +135,22 @@ def test_forward_timing_runs_on_the_watched_steps_only(engine):
     timed = [step for step, _, values in rows if "time/data_s" in values]
     assert timed == [*range(2, WATCH_FIRST + 1), WATCH_FIRST + WATCH_EVERY, last]
     assert all("time/step_s" in values and "loss" in values for _, _, values in rows)
+
+
+def test_logged_values_join_the_next_step(engine):
+    import ptdash
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 6)
+    for step in range(1, 4):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        if step == 2:
+            ptdash.log(val_loss=loss.detach() * 2, acc=0.75)  # a device tensor and a float
+            expected = float(loss.detach() * 2)
+        opt.step()
+    rows, _ = engine.recorder.drain()
+    assert rows[1][2]["user/val_loss"] == expected and rows[1][2]["user/acc"] == 0.75
+    assert not any(k.startswith("user/") for r in (rows[0], rows[2]) for k in r[2])
