@@ -12,7 +12,7 @@ from runner import REPO
 def test_overhead_benchmark_prints_table_and_verdicts():
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--steps", "1", "--rounds", "1", "--warmup", "1",
-         "--pairs", "1"],
+         "--pairs", "1", "--pair-steps", "1"],
         cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert result.returncode == 0, result.stdout + result.stderr
@@ -21,8 +21,12 @@ def test_overhead_benchmark_prints_table_and_verdicts():
     for label in ("plain + one `_foreach_norm` (reference)", "ptdash (default hooks)", "naive `.item()` per param"):
         assert label in out, out
     assert out.count("| MLP (30 tensors") == 4 and out.count("| GPT (4x256") == 3, out
-    # The real engine recorded every instrumented step: warm-up, block (1 + 1), paired step.
-    assert out.count("the engine recorded 4 steps (expected 4)") == 2, out
-    assert out.count("paired single steps") == 2 and "dashboard stand-in read" in out and "load average" in out, out
-    verdicts = [line for line in out.splitlines() if line.startswith(("PASS ", "FAIL "))]
-    assert len(verdicts) == 6, out
+    # The real engine recorded every instrumented step: warm-up, block (1 + 1), paired run (1 + 1).
+    assert out.count("the engine recorded 5 steps (expected 5)") == 2, out
+    assert out.count("paired runs") == 2 and "dashboard stand-in read" in out and "load average" in out, out
+    verdicts = [line for line in out.splitlines() if line.startswith(("PASS ", "FAIL ", "NOISE "))]
+    assert len(verdicts) == 8, out
+    for workload in ("mlp", "gpt"):
+        for measure in ("training thread (paired)", "all threads (paired)"):
+            assert sum(line.split(" ", 1)[1].startswith(f"{workload}, {measure}:") and not line.startswith("NOISE")
+                       for line in verdicts) == 1, out
