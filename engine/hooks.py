@@ -213,8 +213,8 @@ class Hooks:
 
         def backward(tensors, *args, **kwargs):
             t = tensors
-            if type(t) in (list, tuple) and len(t) == 1:
-                t = t[0]
+            if not isinstance(t, Tensor):
+                t = t[0] if isinstance(t, (list, tuple)) and len(t) == 1 else None
             if isinstance(t, Tensor) and t.numel() == 1:
                 if hooks._unscaled:
                     ref, raw = hooks._unscaled.pop(id(t), (None, None))
