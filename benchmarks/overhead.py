@@ -78,7 +78,7 @@ LABELS = {
 }
 WORKLOADS = {  # variants; steps per block, rounds, warm-up steps, paired cycles, steps per pair (minutes in all)
     "mlp": (("plain", "norm", "ptdash", "naive"), 100, 16, 200, 300, 4),
-    "gpt": (("plain", "ptdash", "naive"), 6, 12, 6, 20, 2),
+    "gpt": (("plain", "ptdash", "naive"), 6, 12, 6, 40, 2),
 }
 GPT_TARGET_RATIO = 1.01
 MLP_BUDGET_US = 50.0
