@@ -6,6 +6,7 @@ nothing. Each finding becomes an event once (rate-limited), not once per step.
 
 from __future__ import annotations
 
+import collections
 import math
 import statistics
 from dataclasses import dataclass
@@ -53,6 +54,9 @@ class Monitor:
         self._flagged: set[tuple[int, str]] = set()
         self._input_bound_reported = False
         self._nonfinite_reported = False
+        self._data_shares: collections.deque[float] = collections.deque(maxlen=50)
+        """The latest steps' share of time spent waiting for data, across flushes (the
+        data wait is timed on sampled steps only)."""
 
     def check_rows(self, rows: list[list]) -> list[tuple[str, str, dict]]:
         """Loss spikes, non-finite losses and input-bound loops in a flush's step rows.
@@ -60,7 +64,7 @@ class Monitor:
         Returns ``(kind, message, data)`` events.
         """
         events = []
-        data_share = []
+        data_share = self._data_shares
         for step, _wall, values in rows:
             if "loss" in values:
                 loss = values["loss"]
