@@ -23,6 +23,7 @@ Nothing here waits for the device: the only ``.item()`` calls read CPU tensors.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import time
@@ -34,9 +35,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from . import checkpoint, metrics
 from .patching import Patches
-from .recorder import StepRecord
 
 _GRAD = operator.attrgetter("grad")
+_LR = operator.itemgetter("lr")
+_IS_SET = functools.partial(operator.is_not, None)
 _perf_counter = time.perf_counter
 _isfinite = math.isfinite
 _FLOAT = {float}
@@ -73,7 +75,8 @@ class Hooks:
         self._t_pre: float | None = None
         self._samples = 0
         self.layer_params: list[torch.Tensor] = []
-        self._params_key: tuple = ()
+        self._params_of: tuple = (None, 0)
+        """The optimizer (and its number of param groups) that ``_params`` flattens."""
         self._params: list[torch.Tensor] = []
         self._fused: bool | None = None
         """Whether the main optimizer's gradients take the fused norm path (one device, one
@@ -310,6 +313,7 @@ class Hooks:
         if main is None:
             # The first optimizer that steps is the main one (or the next, once it is gone).
             self.main = weakref.ref(opt)
+            self._params_of = (None, 0)
             if not any(r() is opt for r in self.optimizers):
                 self.optimizers.append(weakref.ref(opt))
             return True
@@ -343,7 +347,7 @@ class Hooks:
             else:
                 result = (args, {**kwargs, "closure": wrapped})
         else:
-            self._grads_ready(opt, main, measure=True)
+            self._grads_ready(opt, main, True)
         if self.engine.settings.lr_scale != 1.0:
             self._scale_lr(opt)
         return result
@@ -362,28 +366,24 @@ class Hooks:
 
         return ptdash_closure
 
-    def _main_params(self, opt) -> list[torch.Tensor]:
-        """The main optimizer's parameters, flattened; rebuilt when its groups change."""
-        key = tuple((id(g["params"]), len(g["params"])) for g in opt.param_groups)
-        if key != self._params_key:
-            self._params_key = key
-            self._params = [p for g in opt.param_groups for p in g["params"]]
-            self._fused = None
-        return self._params
-
     def _measure(self, opt) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         """The parameters with a gradient, their per-parameter norms and the total norm."""
-        params = self._main_params(opt)
-        grads = [g for g in map(_GRAD, params) if g is not None]
+        if self._params_of != (id(opt), len(opt.param_groups)):
+            # Rebuilt for a new main optimizer, and when ``add_param_group`` added a group.
+            self._params_of = (id(opt), len(opt.param_groups))
+            self._params = [p for g in opt.param_groups for p in g["params"]]
+            self._fused = None
+        params = self._params
+        # map and filter in C: no Python frame per parameter.
+        grads = list(filter(_IS_SET, map(_GRAD, params)))
         if len(grads) != len(params):
-            params = [p for p in params if p.grad is not None]
-        elif self._fused is None and grads:
+            return ([p for p in params if p.grad is not None], *metrics.grad_norms(grads))
+        if self._fused is None and grads:
             self._fused = metrics.fused_ok(grads)
-        if self._fused and len(grads) == len(self._params):
-            per_tensor, total = metrics.fused_norms(grads)
-        else:
-            per_tensor, total = metrics.grad_norms(grads)
-        return params, per_tensor, total
+        if self._fused:  # metrics.grad_norms's own fast path, without its per-step checks
+            stacked = torch.stack(torch._foreach_norm(grads, 2.0))
+            return params, stacked, torch.linalg.vector_norm(stacked, 2.0)
+        return (params, *metrics.grad_norms(grads))
 
     def _grads_ready(self, opt, main: bool, measure: bool) -> None:
         override = self.engine.settings.clip
@@ -450,7 +450,7 @@ class Hooks:
         if index is not None:  # a closure: the loss of its first evaluation
             losses = losses[index:index + 1] if len(losses) > index else losses[:index]
         if lrs is None:
-            lrs = [g["lr"] for g in opt.param_groups]
+            lrs = list(map(_LR, opt.param_groups))
         if set(map(type, lrs)) != _FLOAT:
             # A tensor LR (capturable optimizers) changes in place: keep this step's value.
             lrs = [lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr) for lr in lrs]
@@ -460,7 +460,7 @@ class Hooks:
             ratios = metrics.update_ratio(self._before, [p.detach() for p in self._before_params])
             self._before = self._before_params = None
         engine = self.engine
-        engine.recorder.add(StepRecord(
+        engine.recorder.add((  # recorder.STEP_RECORD
             step, time.time(), losses, total, per_tensor, self.layer_params if per_tensor is not None else None,
             self._clip_max, lrs, (self._t_post, self._t_forward, self._t_pre, now), self._samples, ratios,
             engine.take_user_values() if engine.user_values else None))

@@ -47,20 +47,13 @@ def grad_norms(grads: list[torch.Tensor], norm_type: float = 2.0,
 
 
 def fused_ok(grads: list[torch.Tensor]) -> bool:
-    """Whether ``fused_norms`` computes exactly what ``grad_norms`` does for these gradients:
-    one device, one dtype, foreach support, and no autograd history to record."""
+    """Whether ``grad_norms``'s fast path applies to these gradients: one device, one dtype,
+    foreach support, and no autograd history to record. The hot path decides this once per
+    parameter list and then runs the fast path's three kernels (``_foreach_norm``, ``stack``,
+    ``vector_norm``) without the per-step checks; the per-tensor norms keep the gradients'
+    dtype (the flush converts them)."""
     return (_single_group(grads) and _has_foreach_support(grads, grads[0].device)
             and not any(g.requires_grad for g in grads))
-
-
-def fused_norms(grads: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``grad_norms`` for gradients that passed ``fused_ok``, without re-checking them.
-
-    The training loop's hot path: three kernels and no Python per tensor. The per-tensor
-    norms keep the gradients' dtype (the flush converts them).
-    """
-    stacked = torch.stack(torch._foreach_norm(grads, 2.0))
-    return stacked, torch.linalg.vector_norm(stacked, 2.0)
 
 
 _PERMUTATIONS: dict[tuple, torch.Tensor] = {}

@@ -1,9 +1,9 @@
 """Per-step records, kept on the device by the training thread and moved to the host in
 batches by the flusher thread.
 
-The training thread only fills a slotted record with what it already holds (tensor
-references, floats, timestamps) and appends it (a deque append is atomic under the GIL):
-recording a step costs no lock, no host sync and no dictionary. Everything derived (the
+The training thread only builds a tuple of what it already holds (tensor references,
+floats, timestamps) and appends it (a deque append is atomic under the GIL): recording a
+step costs no lock, no host sync and no dictionary. Everything derived (the
 loss over micro-batches, the time split, the named values) is built by the flusher, which
 drains everything recorded since the previous flush and converts it with one copy per
 device and dtype. On CUDA that copy goes to pinned memory without blocking, and the
@@ -22,34 +22,23 @@ import torch
 from .protocol import finite_or_none
 
 
-class StepRecord:
-    """What one optimizer step left behind, as the training thread saw it.
+STEP_RECORD = ("step", "wall", "losses", "total", "layers", "params", "clip_max", "lrs", "times", "samples",
+               "update_ratios", "user")
+"""The fields of a step record, a plain tuple in this order (a tuple costs the training
+thread no Python frame to build):
 
-    Tensors are 0-d device tensors (``losses``, ``total``, a learning rate) or 1-d
-    per-parameter ones (``layers``, ``update_ratios``); they become floats at the flush.
-    """
-
-    __slots__ = ("step", "wall", "losses", "total", "layers", "params", "clip_max", "lrs", "times",
-                 "samples", "update_ratios", "user")
-
-    def __init__(self, step: int, wall: float, losses=(), total=None, layers=None, params=None,
-                 clip_max: float | None = None, lrs=(), times=None, samples: int = 0,
-                 update_ratios=None, user: dict | None = None) -> None:
-        self.step, self.wall = step, wall
-        self.losses = losses
-        """The step's loss tensors: one per micro-batch, added up (left to right) at the flush."""
-        self.total, self.layers, self.params = total, layers, params
-        """Total gradient norm, per-parameter norms, and the parameters they describe."""
-        self.clip_max = clip_max
-        self.lrs = lrs
-        """Each param group's effective learning rate (a float or a 0-d tensor)."""
-        self.times = times
-        """``(previous step's end, first forward, optimizer start, this step's end)``, perf_counter
-        seconds; the forward and optimizer ones may be None."""
-        self.samples = samples
-        self.update_ratios = update_ratios
-        self.user = user
-        """Values logged with ``ptdash.log`` since the previous step."""
+- ``step``, ``wall``: the step number (from 1) and ``time.time()`` at its end;
+- ``losses``: the step's loss tensors, one per micro-batch, added up (left to right) at the flush;
+- ``total``, ``layers``, ``params``: the total gradient norm, the per-parameter norms (a
+  1-d tensor) and the parameters they describe, or None;
+- ``clip_max``: the clipping norm in force, or None;
+- ``lrs``: each param group's effective learning rate (a float or a 0-d tensor);
+- ``times``: ``(previous step's end, first forward, optimizer start, this step's end)`` in
+  perf_counter seconds; the forward and optimizer ones may be None;
+- ``samples``: the batch sizes seen by the model's forward, or 0;
+- ``update_ratios``: per-parameter |w_after - w_before| / |w_before| on sampled steps, or None;
+- ``user``: values logged with ``ptdash.log`` since the previous step, or None.
+"""
 
 
 @dataclass
@@ -66,16 +55,15 @@ class Recorder:
     """The hand-off between the training thread and the flusher."""
 
     def __init__(self) -> None:
-        self._pending: collections.deque[StepRecord] = collections.deque()
-
-    def add(self, record: StepRecord) -> None:
-        """Called on the training thread: never blocks, never syncs."""
-        self._pending.append(record)
+        self._pending: collections.deque[tuple] = collections.deque()
+        self.add = self._pending.append
+        """Called on the training thread with a step record (see STEP_RECORD): a deque's
+        own append, so it never blocks, never syncs and runs no Python."""
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def drain(self, wanted: set | frozenset = frozenset()) -> tuple[list[list], list[LayerRow]]:
+    def drain(self, wanted: set | frozenset = frozenset()) -> tuple[list[list], list["LayerRow"]]:
         """Take every pending record; return Metrics rows and per-layer rows.
 
         Called on the flusher thread. Rows are ``[step, wall, {name: value}]`` with
@@ -92,47 +80,48 @@ class Recorder:
             return [], []
         # Each record's device scalars, in a fixed order: [loss], [total], then tensor LRs and user values.
         scalars: list[torch.Tensor] = []
-        for r in records:
-            if r.losses:
-                scalars.append(_fold(r.losses))
-            if r.total is not None:
-                scalars.append(r.total)
-            scalars.extend(v for v in r.lrs if isinstance(v, torch.Tensor))
-            if r.user:
-                scalars.extend(v for v in r.user.values() if isinstance(v, torch.Tensor))
+        for _, _, losses, total, _, _, _, lrs, _, _, _, user in records:
+            if losses:
+                scalars.append(_fold(losses))
+            if total is not None:
+                scalars.append(total)
+            scalars.extend(v for v in lrs if isinstance(v, torch.Tensor))
+            if user:
+                scalars.extend(v for v in user.values() if isinstance(v, torch.Tensor))
         host = iter(_to_host(scalars))
         rows, keep = [], []
-        for r in records:
+        for record in records:
+            step, wall, losses, total, layers, _, clip_max, lrs, times, samples, ratios, user = record
             values: dict[str, float | None] = {}
             finite = True
-            if r.losses:
+            if losses:
                 values["loss"] = loss = finite_or_none(next(host))
-                values["loss/micro_batches"] = float(len(r.losses))
+                values["loss/micro_batches"] = float(len(losses))
                 finite = loss is not None
-            if r.total is not None:
-                values["grad/norm_total"] = total = finite_or_none(next(host))
-                finite = finite and total is not None
-                if r.clip_max is not None:
-                    values["grad/clip_max"] = r.clip_max
-                    values["grad/clipped"] = None if total is None else float(total > r.clip_max)
-            for i, lr in enumerate(r.lrs):
+            if total is not None:
+                values["grad/norm_total"] = norm = finite_or_none(next(host))
+                finite = finite and norm is not None
+                if clip_max is not None:
+                    values["grad/clip_max"] = clip_max
+                    values["grad/clipped"] = None if norm is None else float(norm > clip_max)
+            for i, lr in enumerate(lrs):
                 values[f"opt/lr/group{i}"] = finite_or_none(next(host) if isinstance(lr, torch.Tensor) else float(lr))
-            if r.times is not None:
-                before, forward, optim, end = r.times
+            if times is not None:
+                before, forward, optim, end = times
                 values["time/step_s"] = end - before
                 if forward is not None and optim is not None:
                     values["time/data_s"] = max(0.0, forward - before)
                     values["time/compute_s"] = max(0.0, optim - forward)
                     values["time/optim_s"] = end - optim
-                if r.samples:
-                    values["throughput/samples_per_s"] = r.samples / max(end - before, 1e-9)
-            if r.user:
-                for name, value in r.user.items():
+                if samples:
+                    values["throughput/samples_per_s"] = samples / max(end - before, 1e-9)
+            if user:
+                for name, value in user.items():
                     values[name] = finite_or_none(next(host) if isinstance(value, torch.Tensor) else float(value))
-            rows.append([r.step, r.wall, values])
-            if r.layers is not None and (not finite or r.update_ratios is not None or r.step in wanted):
-                keep.append(r)
-        if records[-1].layers is not None and (not keep or keep[-1] is not records[-1]):
+            rows.append([step, wall, values])
+            if layers is not None and (not finite or ratios is not None or step in wanted):
+                keep.append(record)
+        if records[-1][4] is not None and (not keep or keep[-1] is not records[-1]):
             keep.append(records[-1])
         return rows, _layer_rows(keep)
 
@@ -145,15 +134,15 @@ def _fold(losses: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def _layer_rows(records: list[StepRecord]) -> list[LayerRow]:
-    norms = _to_host([r.layers for r in records], flat=False)
-    ratios = iter(_to_host([r.update_ratios for r in records if r.update_ratios is not None], flat=False))
+def _layer_rows(records: list[tuple]) -> list[LayerRow]:
+    norms = _to_host([r[4] for r in records], flat=False)
+    ratios = iter(_to_host([r[10] for r in records if r[10] is not None], flat=False))
     out = []
-    for r, values in zip(records, norms):
+    for (step, _, _, _, _, params, _, _, _, _, update_ratios, _), values in zip(records, norms):
         row_ratios = None
-        if r.update_ratios is not None:
+        if update_ratios is not None:
             row_ratios = [v if math.isfinite(v) else None for v in next(ratios)]
-        out.append(LayerRow(r.step, r.params or [], [v if math.isfinite(v) else None for v in values], row_ratios))
+        out.append(LayerRow(step, params or [], [v if math.isfinite(v) else None for v in values], row_ratios))
     return out
 
 
