@@ -154,3 +154,24 @@ def test_logged_values_join_the_next_step(engine):
     rows, _ = engine.recorder.drain()
     assert rows[1][2]["user/val_loss"] == expected and rows[1][2]["user/acc"] == 0.75
     assert not any(k.startswith("user/") for r in (rows[0], rows[2]) for k in r[2])
+
+
+def test_a_param_group_added_mid_run_is_measured(engine):
+    model, extra = _model(), nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 6)
+    for step in range(1, 5):
+        if step == 3:
+            opt.add_param_group({"params": list(extra.parameters()), "lr": 0.1})
+        opt.zero_grad()
+        out = model(x)
+        if step >= 3:
+            out = extra(out)
+        out.pow(2).mean().backward()
+        grads = [p.grad.clone() for g in opt.param_groups for p in g["params"]]
+        opt.step()
+    rows, layer_rows = engine.recorder.drain(wanted={1, 2, 3, 4})
+    assert [len(r.grad_norms) for r in layer_rows] == [4, 4, 6, 6]
+    assert layer_rows[-1].grad_norms == [float(torch.linalg.vector_norm(g)) for g in grads]
+    assert rows[-1][2]["grad/norm_total"] == float(torch.nn.utils.get_total_norm(grads))
+    assert rows[-1][2]["opt/lr/group1"] == 0.1
