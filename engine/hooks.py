@@ -424,7 +424,7 @@ class Hooks:
         every = self.update_ratio_every
         if every and (self.step + 1) % every == 0 and self.layer_params:
             self._before_params = self.layer_params
-            self._before = torch._foreach_mul([p.detach() for p in self._before_params], 1.0)
+            self._before = torch._foreach_mul(metrics.ratio_samples(self._before_params), 1.0)
 
     def _scale_lr(self, opt) -> None:
         scale = self.engine.settings.lr_scale
@@ -457,7 +457,7 @@ class Hooks:
         per_tensor, total = self._norms if self._norms is not None else (None, None)
         ratios = None
         if self._before is not None:
-            ratios = metrics.update_ratio(self._before, [p.detach() for p in self._before_params])
+            ratios = metrics.update_ratio(self._before, metrics.ratio_samples(self._before_params))
             self._before = self._before_params = None
         engine = self.engine
         engine.recorder.add((  # recorder.STEP_RECORD

@@ -89,6 +89,26 @@ def clip_with_norm(params: list[torch.Tensor], max_norm: float, total_norm: torc
     _clip_grads_with_norm_(params, max_norm, total_norm, foreach=foreach)
 
 
+RATIO_SAMPLE = 1 << 16
+"""Elements per parameter that an update ratio compares (all of a smaller parameter)."""
+
+
+def ratio_samples(params: list[torch.Tensor], cap: int = RATIO_SAMPLE) -> list[torch.Tensor]:
+    """For each parameter, a view of its elements, strided down to at most ``cap``.
+
+    The update ratio copies these before the step: a large model's copy stays a few MB
+    (about ``cap`` elements per parameter) instead of a second copy of every weight. A
+    parameter of up to ``cap`` elements is compared whole, so its ratio is exact; a larger
+    one's is estimated from every k-th element.
+    """
+    out = []
+    for p in params:
+        flat = p.detach().reshape(-1)  # a view for the usual contiguous parameter
+        n = flat.numel()
+        out.append(flat if n <= cap else flat[::-(-n // cap)])
+    return out
+
+
 @torch.no_grad()
 def update_ratio(before: list[torch.Tensor], after: list[torch.Tensor]) -> torch.Tensor:
     """Per-tensor ``|after - before| / |before|`` (float32), the size of one update."""

@@ -56,6 +56,22 @@ def test_update_ratio_matches_explicit_copies():
         assert torch.isclose(r, (a - b).norm() / b.norm(), rtol=1e-6)
 
 
+def test_update_ratio_of_a_large_parameter_is_estimated_from_a_bounded_sample():
+    torch.manual_seed(0)
+    big, small = torch.nn.Parameter(torch.randn(512, 1024)), torch.nn.Parameter(torch.randn(64))
+    opt = torch.optim.SGD([big, small], lr=0.1)
+    exact_before = [big.detach().clone(), small.detach().clone()]
+    samples = metrics.ratio_samples([big, small])
+    assert samples[0].numel() <= metrics.RATIO_SAMPLE < big.numel() and samples[1].numel() == small.numel()
+    before = torch._foreach_mul(samples, 1.0)  # what the hooks copy: 1/8 of the big weight
+    big.grad, small.grad = torch.randn_like(big), torch.randn_like(small)
+    opt.step()
+    ratios = metrics.update_ratio(before, metrics.ratio_samples([big, small]))
+    exact = [float((p.detach() - b).norm() / b.norm()) for p, b in zip((big, small), exact_before)]
+    assert float(ratios[1]) == pytest.approx(exact[1], rel=1e-6)  # small: compared whole
+    assert float(ratios[0]) == pytest.approx(exact[0], rel=0.02)  # big: a strided sample
+
+
 def test_empty_grad_list():
     per, total = metrics.grad_norms([])
     assert per.numel() == 0 and total.item() == 0.0
