@@ -408,8 +408,9 @@ class Hooks:
         if doctor.watching:
             doctor.on_pre_step(opt, self.step + 1, self.layer_params)
         if total.is_cpu:
-            # On CPU this check is free (no device to wait for), so a non-finite gradient is
-            # caught before the update. On CUDA it would be a sync per step: the flusher
+            # On CPU reading two scalars waits for nothing, so a non-finite gradient is caught
+            # before the update (at ~0.1 ms a step on a 2-core box, the hot path's largest
+            # cost after the norm pass). On CUDA it would be a sync per step: the flusher
             # reports it there instead, a flush later.
             if self._closure_loss_index is None:
                 finite = _isfinite(total.item())
