@@ -11,13 +11,13 @@ confirmed at the flush, on the host. Where each rule is decided:
 - ``zero-grad-before-step``: a relevant ``zero_grad`` after the step's last backward:
   ``None`` gradients at once, all-zero ones from the flush's per-layer norms.
 - ``train-in-eval-mode``, ``never-learns``: host attributes at ``on_pre_step``.
-
-The training-thread checks run on the steps ``watches()`` picks (every step at first,
-then one in WATCH_EVERY), so a healthy loop pays for them on a few steps only.
 - ``inplace-autograd``: ``on_crash``; ``detect_anomaly`` in the config turns anomaly mode on.
 - ``host-syncs`` (CUDA only), ``sampler-no-set-epoch``, ``dataparallel``, ``input-bound``,
   ``lr-zero``, ``loss-plateau``: see ``doctor_rules``.
 - The script's Python warnings become ``warning`` events, each distinct one once.
+
+The training-thread checks run on the steps ``watches()`` picks (every step at first,
+then one in WATCH_EVERY), so a healthy loop pays for them on a few steps only.
 """
 
 from __future__ import annotations
@@ -255,7 +255,11 @@ class Doctor:
             self._check_modes(step)
 
     def on_post_step(self, opt, step: int) -> None:
-        """After the update of step ``step`` (called every step; decides whether the next is watched)."""
+        """After the update of step ``step``: decides whether the next step is watched.
+
+        The hooks call it from step ``post_from`` on: every step while watching (or on
+        CUDA, for the sync sampler), else only before the next watched step.
+        """
         try:
             if self._main is None or self._main() is not opt:
                 return

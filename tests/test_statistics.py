@@ -175,3 +175,22 @@ def test_a_param_group_added_mid_run_is_measured(engine):
     assert layer_rows[-1].grad_norms == [float(torch.linalg.vector_norm(g)) for g in grads]
     assert rows[-1][2]["grad/norm_total"] == float(torch.nn.utils.get_total_norm(grads))
     assert rows[-1][2]["opt/lr/group1"] == 0.1
+
+
+def test_a_bug_that_starts_late_is_caught_on_the_sampled_steps(engine):
+    from ptdash.store import StoreReader
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 6)
+    start = WATCH_FIRST + 20  # past the steps watched one by one
+    for step in range(1, start + 4 * WATCH_EVERY):
+        if step < start:  # then the script stops clearing its gradients
+            opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    engine._flush()
+    with StoreReader(engine.run_dir / "metrics.db") as store:
+        findings = [e for e in store.events() if e["kind"] == "finding"]
+    assert [f["data"]["id"] for f in findings] == ["grads-never-cleared"]
+    assert findings[0]["data"]["step"] > start and findings[0]["data"]["step"] % WATCH_EVERY == 0
