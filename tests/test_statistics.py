@@ -37,6 +37,16 @@ def _model():
     return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
+def _train(model, opt, steps: int, loss_at=lambda step, loss: loss, clear=lambda step: True) -> None:
+    """A plain loop; ``loss_at`` may change (or look at) each step's loss, ``clear`` skip zero_grad."""
+    x = torch.randn(8, 6)
+    for step in range(1, steps + 1):
+        if clear(step):
+            opt.zero_grad()
+        loss_at(step, model(x).pow(2).mean()).backward()
+        opt.step()
+
+
 def test_every_statistic_matches_a_direct_computation(engine):
     model = _model()
     params = list(model.parameters())
@@ -106,14 +116,8 @@ def test_clipping_records_the_pre_clip_norm_and_whether_it_clipped(engine):
 def test_only_the_newest_and_the_telling_steps_convert_their_layers(engine):
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(8, 6)
-    for step in range(1, 9):
-        opt.zero_grad()
-        loss = model(x).pow(2).mean()
-        if step == 5:
-            loss = loss * float("nan")  # a non-finite step: its layers name the culprit
-        loss.backward()
-        opt.step()
+    # Step 5 is non-finite: its layers name the culprit.
+    _train(model, opt, 8, loss_at=lambda step, loss: loss * float("nan") if step == 5 else loss)
     rows, layer_rows = engine.recorder.drain(wanted={2})
     # Wanted (2), update ratios (every 3rd), non-finite (5), newest (8).
     assert [r.step for r in layer_rows] == [2, 3, 5, 6, 8]
@@ -124,13 +128,8 @@ def test_only_the_newest_and_the_telling_steps_convert_their_layers(engine):
 
 def test_forward_timing_runs_on_the_watched_steps_only(engine):
     model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(8, 6)
     last = WATCH_FIRST + 2 * WATCH_EVERY
-    for _ in range(last):
-        opt.zero_grad()
-        model(x).pow(2).mean().backward()
-        opt.step()
+    _train(model, torch.optim.SGD(model.parameters(), lr=0.01), last)
     rows, _ = engine.recorder.drain()
     timed = [step for step, _, values in rows if "time/data_s" in values]
     assert timed == [*range(2, WATCH_FIRST + 1), WATCH_FIRST + WATCH_EVERY, last]
@@ -141,18 +140,17 @@ def test_logged_values_join_the_next_step(engine):
     import ptdash
 
     model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(8, 6)
-    for step in range(1, 4):
-        opt.zero_grad()
-        loss = model(x).pow(2).mean()
-        loss.backward()
+    logged = []
+
+    def log_at_step_2(step, loss):
         if step == 2:
             ptdash.log(val_loss=loss.detach() * 2, acc=0.75)  # a device tensor and a float
-            expected = float(loss.detach() * 2)
-        opt.step()
+            logged.append(float(loss.detach() * 2))
+        return loss
+
+    _train(model, torch.optim.SGD(model.parameters(), lr=0.01), 3, loss_at=log_at_step_2)
     rows, _ = engine.recorder.drain()
-    assert rows[1][2]["user/val_loss"] == expected and rows[1][2]["user/acc"] == 0.75
+    assert rows[1][2]["user/val_loss"] == logged[0] and rows[1][2]["user/acc"] == 0.75
     assert not any(k.startswith("user/") for r in (rows[0], rows[2]) for k in r[2])
 
 
@@ -181,14 +179,8 @@ def test_a_bug_that_starts_late_is_caught_on_the_sampled_steps(engine):
     from ptdash.store import StoreReader
 
     model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(8, 6)
-    start = WATCH_FIRST + 20  # past the steps watched one by one
-    for step in range(1, start + 4 * WATCH_EVERY):
-        if step < start:  # then the script stops clearing its gradients
-            opt.zero_grad()
-        model(x).pow(2).mean().backward()
-        opt.step()
+    start = WATCH_FIRST + 20  # past the steps watched one by one; then no more zero_grad
+    _train(model, torch.optim.SGD(model.parameters(), lr=1e-3), start + 4 * WATCH_EVERY, clear=lambda s: s < start)
     engine._flush()
     with StoreReader(engine.run_dir / "metrics.db") as store:
         findings = [e for e in store.events() if e["kind"] == "finding"]
