@@ -299,28 +299,21 @@ class HookClock:
     def __init__(self, hooks) -> None:
         self.ns = 0
         for name in ("_pre_step", "_post_step", "_on_forward"):
-            setattr(hooks, name, self._timed(getattr(hooks, name)))
+            setattr(hooks, name, self._clocked(getattr(hooks, name), +1))
         for name in ("_wrap_backward", "_wrap_zero_grad", "_wrap_scale"):
             factory = getattr(hooks, name)
-            setattr(hooks, name, lambda original, factory=factory: self._timed(factory(self._excluded(original))))
+            setattr(hooks, name, lambda original, factory=factory:
+                    self._clocked(factory(self._clocked(original, -1)), +1))
 
-    def _timed(self, fn):
-        def timed(*args, **kwargs):
+    def _clocked(self, fn, sign: int):
+        """``fn`` with its time added to (+1) or taken from (-1, torch's own part) the clock."""
+        def clocked(*args, **kwargs):
             t0 = time.perf_counter_ns()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.ns += time.perf_counter_ns() - t0
-        return timed
-
-    def _excluded(self, fn):
-        def excluded(*args, **kwargs):
-            t0 = time.perf_counter_ns()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.ns -= time.perf_counter_ns() - t0
-        return excluded
+                self.ns += sign * (time.perf_counter_ns() - t0)
+        return clocked
 
 
 def instrument(engine, on: bool) -> None:

@@ -368,9 +368,6 @@ class Engine:
         if self.state == "starting":
             self.set_state("running")
 
-    def on_zero_grad(self, opt) -> None:
-        self.doctor.on_zero_grad(opt)
-
     def on_step_end(self, step: int) -> None:
         if self.state == "starting":
             self.set_state("running")

@@ -16,7 +16,7 @@ undone by ``detach()``:
 
 The hot path is what runs at every step of the main optimizer: a loss reference kept at
 ``backward``, one fused norm pass (shared with the script's own clipping), a finite check
-on CPU, and a slotted record appended for the flusher. Everything else is sampled.
+on CPU, and a tuple record appended for the flusher. Everything else is sampled.
 
 Nothing here waits for the device: the only ``.item()`` calls read CPU tensors.
 """
@@ -380,9 +380,8 @@ class Hooks:
             return ([p for p in params if p.grad is not None], *metrics.grad_norms(grads))
         if self._fused is None and grads:
             self._fused = metrics.fused_ok(grads)
-        if self._fused:  # metrics.grad_norms's own fast path, without its per-step checks
-            stacked = torch.stack(torch._foreach_norm(grads, 2.0))
-            return params, stacked, torch.linalg.vector_norm(stacked, 2.0)
+        if self._fused:  # grad_norms's own fast path, without its per-step checks
+            return (params, *metrics.fused_norms(grads))
         return (params, *metrics.grad_norms(grads))
 
     def _grads_ready(self, opt, main: bool, measure: bool) -> None:

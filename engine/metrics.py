@@ -27,8 +27,8 @@ def grad_norms(grads: list[torch.Tensor], norm_type: float = 2.0,
     if foreach is not False and _single_group(grads) and _has_foreach_support(grads, first_device):
         # The common case, one device and one dtype: the same kernels as below without the
         # grouping and per-tensor moves (a third of the cost for a few dozen tensors).
-        stacked = torch.stack(torch._foreach_norm(grads, norm_type))
-        return stacked.float(), torch.linalg.vector_norm(stacked, norm_type)
+        stacked, total = fused_norms(grads, norm_type)
+        return stacked.float(), total
     grouped = _group_tensors_by_device_and_dtype([grads], with_indices=True)
     norms: list[torch.Tensor] = []
     order: list[int] = []
@@ -47,13 +47,19 @@ def grad_norms(grads: list[torch.Tensor], norm_type: float = 2.0,
 
 
 def fused_ok(grads: list[torch.Tensor]) -> bool:
-    """Whether ``grad_norms``'s fast path applies to these gradients: one device, one dtype,
-    foreach support, and no autograd history to record. The hot path decides this once per
-    parameter list and then runs the fast path's three kernels (``_foreach_norm``, ``stack``,
-    ``vector_norm``) without the per-step checks; the per-tensor norms keep the gradients'
-    dtype (the flush converts them)."""
+    """Whether ``fused_norms`` applies to these gradients: one device, one dtype, foreach
+    support, and no autograd history to record. The hot path decides this once per
+    parameter list and then calls ``fused_norms`` without the per-step checks."""
     return (_single_group(grads) and _has_foreach_support(grads, grads[0].device)
             and not any(g.requires_grad for g in grads))
+
+
+def fused_norms(grads: list[torch.Tensor], norm_type: float = 2.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor norms (in the gradients' dtype) and the total, for gradients that passed
+    ``fused_ok``: three kernels (``_foreach_norm``, ``stack``, ``vector_norm``), no Python per
+    tensor, the same result as ``get_total_norm``."""
+    stacked = torch.stack(torch._foreach_norm(grads, norm_type))
+    return stacked, torch.linalg.vector_norm(stacked, norm_type)
 
 
 _PERMUTATIONS: dict[tuple, torch.Tensor] = {}

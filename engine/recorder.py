@@ -13,7 +13,6 @@ flusher polls an event until it lands, so not even the flusher synchronises the 
 from __future__ import annotations
 
 import collections
-import math
 import time
 from dataclasses import dataclass
 
@@ -141,8 +140,8 @@ def _layer_rows(records: list[tuple]) -> list[LayerRow]:
     for (step, _, _, _, _, params, _, _, _, _, update_ratios, _), values in zip(records, norms):
         row_ratios = None
         if update_ratios is not None:
-            row_ratios = [v if math.isfinite(v) else None for v in next(ratios)]
-        out.append(LayerRow(step, params or [], [v if math.isfinite(v) else None for v in values], row_ratios))
+            row_ratios = [finite_or_none(v) for v in next(ratios)]
+        out.append(LayerRow(step, params or [], [finite_or_none(v) for v in values], row_ratios))
     return out
 
 
@@ -161,11 +160,11 @@ def _to_host(tensors: list[torch.Tensor], flat: bool = True) -> list:
     for device, indices in by_device.items():
         if flat:
             parts = [tensors[i] for i in indices]
-            try:  # the common case: all 0-d, one dtype
+            try:  # the common case: all 0-d
                 stacked = torch.stack(parts)
-            except RuntimeError:
-                stacked = torch.stack([p.detach().float().reshape(()) for p in parts])
-            host = _copy_without_sync(stacked.detach().float().reshape(-1)).tolist()
+            except RuntimeError:  # a (1,)-shaped loss among them
+                stacked = torch.stack([p.reshape(()) for p in parts])
+            host = _copy_without_sync(stacked.detach().float()).tolist()
             for i, value in zip(indices, host):
                 out[i] = value
             continue
