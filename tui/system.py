@@ -158,7 +158,7 @@ def gpu(state: RunState, i: int, width: int) -> list[RenderableType]:
 
 
 def step_split(state: RunState, window: int = STEP_WINDOW) -> dict[str, float | None]:
-    """Median seconds of each part of a step (and ``time/step_s``) over the last ``window`` steps."""
+    """Median seconds of each part of a step (and ``time/step_s``) over its last ``window`` values."""
     out = {}
     for name in (*(n for n, _, _ in STEP_PARTS), "time/step_s"):
         values = [v for v in recent(state, name, window) if v is not None]
@@ -170,7 +170,9 @@ def step_time(state: RunState, width: int) -> list[RenderableType]:
     """Where a step's time goes (data wait, forward+backward, optimizer), and any hint."""
     split = step_split(state)
     step = split["time/step_s"]
-    lines: list[RenderableType] = [Text(f" step time  (median of the last {STEP_WINDOW} steps)", "bold underline")]
+    # The engine times the split on sampled steps only: each part's median is over its own last values.
+    lines: list[RenderableType] = [Text(f" step time  (medians of the last {STEP_WINDOW} steps; the split is sampled)",
+                                        "bold underline")]
     if all(v is None for v in split.values()):
         lines.append(Text(" no step timings yet", "dim"))
     elif all(split[n] is None for n, _, _ in STEP_PARTS):
