@@ -1,5 +1,4 @@
 """Trains a small model and plants a NaN in one layer's gradient at step 6 (1-based)."""
-import sys
 
 import torch
 

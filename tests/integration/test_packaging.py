@@ -4,7 +4,7 @@ import subprocess
 import sys
 import zipfile
 
-from runner import REPO
+from support.runner import REPO
 
 
 def test_wheel_contains_both_halves_and_data(tmp_path):

@@ -5,8 +5,18 @@ import math
 import pytest
 
 from ptdash.protocol import Ack, Metrics, Status
-from ptdash.tui.state import (RunState, Series, StepRate, command_text, decimate, ema, eta,
-                              fmt_bytes, fmt_duration, fmt_si)
+from ptdash.tui.state import (
+    RunState,
+    Series,
+    StepRate,
+    command_text,
+    decimate,
+    ema,
+    eta,
+    fmt_bytes,
+    fmt_duration,
+    fmt_si,
+)
 
 
 def test_decimate_keeps_short_series_untouched():

@@ -17,7 +17,7 @@ except ImportError:  # not pip-installed yet: load the module from its file
     import importlib.util
 
     _spec = importlib.util.spec_from_file_location(
-        "ptdash_profiling", Path(__file__).resolve().parent.parent / "engine" / "profiling.py"
+        "ptdash_profiling", Path(__file__).resolve().parents[2] / "engine" / "profiling.py"
     )
     profiling = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(profiling)

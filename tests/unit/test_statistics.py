@@ -6,8 +6,6 @@ flusher stopped, so the test drains the recorder itself and sees every step's re
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from torch import nn

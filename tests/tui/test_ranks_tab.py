@@ -1,6 +1,6 @@
 """The Ranks tab (DDP) and the Doctor tab: pure state and reports, then Pilot.
 
-The Pilot test follows a 2-rank run through ``tui_fixtures.FakeEngine`` (the real
+The Pilot test follows a 2-rank run through ``support.recorded_run.FakeEngine`` (the real
 ``transport.Server``): per-rank history from the store, live rows of rank 1, a stall,
 findings from history and live, and a rank killed by SIGKILL as run.json records it.
 """
@@ -13,23 +13,19 @@ import subprocess
 import sys
 import time
 from io import StringIO
-from pathlib import Path
 
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_tui_app import screen_text, until  # noqa: E402
-from test_tui_source import Inbox  # noqa: E402
-from tui_fixtures import FINDINGS, RANK_LOSS, FakeEngine, make_ddp_run, make_run, rank_row  # noqa: E402
-
-from ptdash import rundir  # noqa: E402
-from ptdash.protocol import Metrics, Status  # noqa: E402
-from ptdash.tui import findings, ranks  # noqa: E402
-from ptdash.tui.app import make_app  # noqa: E402
-from ptdash.tui.source import LiveSource, ReplaySource, RunInfo, load_history  # noqa: E402
-from ptdash.tui.state import RunState  # noqa: E402
-from ptdash.tui.widgets.chart_panel import ChartPanel  # noqa: E402
+from ptdash import rundir
+from ptdash.protocol import Metrics, Status
+from ptdash.tui import findings, ranks
+from ptdash.tui.app import make_app
+from ptdash.tui.source import LiveSource, ReplaySource, RunInfo, load_history
+from ptdash.tui.state import RunState
+from ptdash.tui.widgets.chart_panel import ChartPanel
+from support.inbox import Inbox
+from support.pilot import screen_text, until
+from support.recorded_run import FINDINGS, RANK_LOSS, FakeEngine, make_ddp_run, make_run, rank_row
 
 KILLED = dict(status="crashed", exit_code=-9, rank_failures=[{"rank": 1, "exitcode": -9}, {"rank": 0, "exitcode": -15}],
               detail="rank 1 killed by SIGKILL; the launcher then stopped rank 0")
@@ -218,7 +214,7 @@ def test_ranks_and_doctor_tabs_follow_a_ddp_run(tmp_path):
             assert "crashed (exit code -9)" in text.splitlines()[0]
 
     with FakeEngine(run_dir, step=200, world_size=2) as engine:
-        asyncio.run(asyncio.wait_for(scenario(engine), 30))
+        asyncio.run(asyncio.wait_for(scenario(engine), 300))
 
 
 def test_single_process_run_hides_ranks_and_has_no_findings(tmp_path):
@@ -236,4 +232,4 @@ def test_single_process_run_hides_ranks_and_has_no_findings(tmp_path):
             await pilot.press("6")
             await until(pilot, lambda: findings.EMPTY in screen_text(app), what="empty doctor")
 
-    asyncio.run(asyncio.wait_for(scenario(), 30))
+    asyncio.run(asyncio.wait_for(scenario(), 300))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -17,8 +17,8 @@ from ptdash.protocol import Ack, Command
 from ptdash.store import STORE_NAME, StoreReader
 from ptdash.transport import Client
 
-SCRIPTS = Path(__file__).parent / "scripts"
-REPO = Path(__file__).parent.parent
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
 # A private runtime dir per test session: the tests' sockets and live-run registry never
 # mix with the user's real runs (or another test session's).
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from runner import ENV, SCRIPTS, Run, wait_for
+from support.runner import ENV, SCRIPTS, Run, wait_for
 
 DDP = SCRIPTS / "ddp_train.py"
 pytestmark = pytest.mark.slow
@@ -116,7 +116,7 @@ def test_users_own_torchrun_runs_the_engine_module(tmp_path):
     """`torchrun ... -m ptdash.bootstrap train.py`: rank 0 makes the run dir; ctl steers it."""
     import sys
 
-    from runner import ptdash
+    from support.runner import ptdash
 
     env = {**ENV, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.Popen(

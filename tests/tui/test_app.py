@@ -1,56 +1,25 @@
 """Pilot tests of the dashboard against a real control socket and a recorded run.
 
-The engine side is ``tui_fixtures.FakeEngine``: the real ``transport.Server`` on a real
+The engine side is ``support.recorded_run.FakeEngine``: the real ``transport.Server`` on a real
 Unix socket with the run's token; nothing about the socket is mocked.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from io import StringIO
-from pathlib import Path
 
 import pytest
-from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from tui_fixtures import FakeEngine, make_run  # noqa: E402
-
-from ptdash.tui.app import DashboardApp, make_app  # noqa: E402
-from ptdash.tui.source import LiveSource, ReplaySource  # noqa: E402
-from ptdash.tui.widgets.value_dialog import ValueDialog  # noqa: E402
-
-
-def screen_text(app: DashboardApp) -> str:
-    """The characters on screen now (what export_screenshot draws, as plain text)."""
-    console = Console(width=app.size.width, height=app.size.height, file=StringIO(),
-                      record=True, color_system=None, legacy_windows=False)
-    # The compositor is private; it is what App.export_screenshot renders too.
-    console.print(app.screen._compositor.render_update(full=True))
-    return console.export_text()
-
-
-async def until(pilot, condition, timeout: float = 10.0, what: str = "") -> None:
-    """Let the app run until ``condition()`` holds (fails the test after ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or condition}\n{screen_text(pilot.app)}")
-        await pilot.pause(0.05)
+from ptdash.tui.app import make_app
+from ptdash.tui.source import LiveSource, ReplaySource
+from ptdash.tui.widgets.value_dialog import ValueDialog
+from support.pilot import screen_text, until
+from support.recorded_run import make_run
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 30))
-
-
-@pytest.fixture
-def live_run(tmp_path):
-    run_dir = make_run(tmp_path, steps=500, status="running")
-    with FakeEngine(run_dir, step=500) as engine:
-        yield run_dir, engine
+    return asyncio.run(asyncio.wait_for(coro, 300))
 
 
 def test_keys_send_the_right_commands(live_run):

@@ -26,9 +26,8 @@ from ptdash import rundir
 from ptdash.protocol import Hello, encode
 from ptdash.store import STORE_NAME, StoreReader
 from ptdash.transport import Client
-
-from runner import ENV, SCRIPTS, Run, engine_pid, ptdash, wait_for
-from tmux import Terminal, require_tmux
+from support.runner import ENV, SCRIPTS, Run, engine_pid, ptdash, wait_for
+from support.tmux import Terminal, require_tmux
 
 STEADY = SCRIPTS / "steady.py"
 PTDASH = f"{sys.executable} -m ptdash.tui.cli"
@@ -199,8 +198,7 @@ def test_ls_names_every_state_and_attach_picks_the_newest_live_run(tmp_path, run
 
 def test_show_opens_a_finished_run_read_only(term, tmp_path, runtime_dir, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime_dir))
-    sys.path.insert(0, str(Path(__file__).parent))
-    from tui_fixtures import make_run
+    from support.recorded_run import make_run
 
     run_dir = make_run(tmp_path / rundir.DEFAULT_ROOT, steps=800, status="finished", exit_code=0)
     term.start("show", f"{PTDASH} show {run_dir.name[:18]}", tmp_path, env=term_env(runtime_dir))

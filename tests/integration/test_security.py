@@ -25,8 +25,7 @@ import pytest
 from ptdash import protocol, rundir, transport
 from ptdash.protocol import Command, Hello, Status, Welcome, encode
 from ptdash.transport import Server, TransportError, check_private_dir, filesystem_type, private_dir
-
-from runner import ENV, SCRIPTS, Run, ptdash
+from support.runner import ENV, SCRIPTS, Run, ptdash
 
 STEADY = SCRIPTS / "steady.py"
 

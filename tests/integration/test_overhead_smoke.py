@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from runner import REPO
+from support.runner import REPO
 
 
 def test_overhead_benchmark_prints_table_and_verdicts():

@@ -1,8 +1,7 @@
 """Planted NaNs through the real CLI: paused before the bad update, or skipped."""
 
-import json
 
-from runner import SCRIPTS, Run, ptdash, wait_for
+from support.runner import SCRIPTS, Run, ptdash, wait_for
 
 
 def _events(run_dir):

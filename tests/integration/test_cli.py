@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 from ptdash.store import StoreReader
-
-from runner import REPO, SCRIPTS, ptdash
+from support.runner import REPO, SCRIPTS, ptdash
 
 
 def test_basic_example_records_every_step_bit_identical(tmp_path):

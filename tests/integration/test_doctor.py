@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ptdash.store import StoreReader
-from runner import ENV, REPO, SCRIPTS, ptdash
+from support.runner import ENV, REPO, SCRIPTS, ptdash
 
 DOCTOR = SCRIPTS / "doctor"
 EXAMPLES = REPO / "examples"
@@ -217,253 +217,32 @@ def test_host_syncs_on_gpu(tmp_path):
 # the doctor (backward, zero_grad, pre/post step, flush), with a tiny CPU model.
 
 
-class _Engine:
-    def __init__(self, config=None):
-        import types
-
-        self.config = config or {}
-        self.hooks = types.SimpleNamespace(models=[], step=0, main=None)
-        self.events = []
-
-    def event(self, kind, message, **data):
-        self.events.append({"kind": kind, "message": message, "data": data})
-
-    def found(self):
-        return [e["data"]["id"] for e in self.events if e["kind"] == "finding"]
 
 
-def _loop(shape: str, steps: int = 8, config=None):
-    import torch
-    from ptdash.doctor import Doctor
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    engine = _Engine(config)
-    doctor = Doctor(engine)
-    doctor.attach()
-    try:
-        for step in range(1, steps + 1):
-            micro = 4 if shape == "accumulate" else 1
-            if shape == "discarded_backward":  # e.g. a GAN: another loss's backward reached these params
-                doctor.on_backward()
-                model(torch.randn(8, 4)).sum().backward()
-            if shape in ("accumulate", "zero_first", "discarded_backward"):
-                doctor.on_zero_grad(opt)
-                opt.zero_grad()
-            for _ in range(micro):
-                loss = model(torch.randn(8, 4)).pow(2).mean()
-                doctor.on_backward()
-                loss.backward()
-            if shape == "zero_between_keep":
-                doctor.on_zero_grad(opt)
-                opt.zero_grad(set_to_none=False)
-            doctor.on_pre_step(opt, step, [p for p in model.parameters() if p.grad is not None])
-            opt.step()
-            doctor.on_post_step(opt, step)
-            engine.hooks.models = [model]
-            if shape == "module_zero_after":
-                model.zero_grad()
-            elif shape == "none_after":
-                for p in model.parameters():
-                    p.grad = None
-            elif shape == "data_zero_after":
-                for p in model.parameters():
-                    p.grad.data.zero_()
-            if shape == "zero_between_keep":
-                norms = [float(p.grad.norm()) for p in model.parameters()]
-                doctor.on_flush([], [_LayerRow(step, norms)])
-        doctor.on_flush([], [])
-    finally:
-        doctor.detach()
-    return engine
 
 
-class _LayerRow:
-    def __init__(self, step, norms):
-        self.step, self.grad_norms, self.params = step, norms, []
 
 
-@pytest.mark.parametrize("shape", ["zero_first", "accumulate", "module_zero_after", "none_after", "data_zero_after",
-                                   "discarded_backward"])
-def test_ways_of_clearing_gradients_raise_nothing(shape):
-    assert _loop(shape).found() == []
 
 
-def test_never_clearing_raises_grads_never_cleared_once():
-    assert _loop("never").found() == ["grads-never-cleared"]
 
 
-def test_zero_grad_keeping_zeros_between_backward_and_step_is_confirmed_at_the_flush():
-    engine = _loop("zero_between_keep", steps=3)
-    assert engine.found() == ["zero-grad-before-step"]
-    (finding,) = [e["data"] for e in engine.events if e["kind"] == "finding"]
-    assert "all-zero gradients" in finding["what"] and finding["step"] == 1
 
 
-def test_detect_anomaly_is_switched_on_only_on_request_and_restored():
-    import torch
-    from ptdash.doctor import Doctor
-
-    doctor = Doctor(_Engine({"detect_anomaly": True}))
-    doctor.attach()
-    try:
-        assert torch.is_anomaly_enabled()
-    finally:
-        doctor.detach()
-    assert not torch.is_anomaly_enabled()
-    doctor = Doctor(_Engine())
-    doctor.attach()
-    assert not torch.is_anomaly_enabled()
-    doctor.detach()
 
 
-def test_plateau_ignores_noise_on_a_falling_loss_and_flags_a_flat_one():
-    import random
-
-    from ptdash.doctor_rules import Plateau
-
-    rng = random.Random(0)
-    falling = Plateau()
-    rows = [[s, 0.0, {"loss": 3.0 * 0.999 ** s * (1 + 0.2 * rng.uniform(-1, 1))}] for s in range(1, 3001)]
-    assert falling.add(rows) is None
-    flat = Plateau()
-    rows = [[s, 0.0, {"loss": 2.3 * (1 + 0.2 * rng.uniform(-1, 1))}] for s in range(1, 3001)]
-    found = flat.add(rows)
-    assert found and found["stale_steps"] >= 500 and found["step"] < 1000
 
 
-def test_lr_zero_forgives_a_warmup_that_starts_at_zero():
-    from ptdash.doctor_rules import LrZero
-
-    warmup = [[s, 0.0, {"opt/lr/group0": (s - 1) * 1e-4}] for s in range(1, 50)]
-    assert LrZero().add(warmup) is None
-    zero = [[s, 0.0, {"opt/lr/group0": 1e-3, "opt/lr/group1": 0.0}] for s in range(1, 20)]
-    assert LrZero().add(zero) == {"1": (1, 19)}  # the run so far
 
 
-def test_sync_sampler_counts_lines_that_sync_every_sampled_step():
-    import warnings
-
-    from ptdash.doctor_rules import SyncSampler
-
-    modes = []
-    sampler = SyncSampler(first=3, set_mode=modes.append, get_mode=lambda: 0)
-    filters = list(warnings.filters)
-
-    def sync(text="called a synchronizing CUDA operation"):
-        import sys
-
-        return sampler.on_warning(text, sys._getframe(1))
-
-    results = []
-    for step in range(1, 6):
-        if sampler.active:
-            assert sync()  # a line that syncs every step
-            if step == 3:
-                assert sync()  # a line that syncs once (a logging step)
-            assert not sync("an unrelated warning")
-        results.append(sampler.on_post_step(step))
-    assert modes == ["warn", 0] and warnings.filters == filters
-    found = [r for r in results if r]
-    assert len(found) == 1 and found[0]["steps"] == [3, 4] and found[0]["per_step"] == 1
-    (line,) = found[0]["lines"]
-    assert line["text"] == "assert sync()  # a line that syncs every step" and line["kind"] == "read-back"
-    assert sampler.next_start == 30
 
 
-def test_inplace_crash_under_detect_anomaly_names_the_forward_op():
-    import torch
-    from ptdash.doctor import Doctor
-
-    engine = _Engine({"detect_anomaly": True})
-    doctor = Doctor(engine)
-    doctor.attach()
-    try:
-        h = torch.randn(4, requires_grad=True)
-        y = h.sigmoid()  # the forward op whose output autograd saved
-        y.mul_(2)
-        with pytest.raises(RuntimeError) as caught:
-            y.sum().backward()
-        doctor.on_crash(caught.value)
-    finally:
-        doctor.detach()
-    (finding,) = [e["data"] for e in engine.events if e["kind"] == "finding"]
-    assert finding["id"] == "inplace-autograd" and "y = h.sigmoid()" in finding["what"]
-    assert "test_doctor.py:" in finding["forward_source"]
-    assert "--detect-anomaly" not in finding["fix"]
 
 
-def test_ddp_unused_parameter_error_names_the_parameters():
-    import torch
-    from ptdash.doctor import Doctor
-
-    model = torch.nn.ModuleDict({"used": torch.nn.Linear(4, 1), "spare": torch.nn.Linear(4, 1)})
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    engine = _Engine()
-    engine.hooks.models = [model]
-    doctor = Doctor(engine)
-    doctor.attach()
-    try:
-        model["used"](torch.randn(2, 4)).sum().backward()
-        doctor.on_pre_step(opt, 1, [p for p in model.parameters() if p.grad is not None])
-        doctor.on_crash(RuntimeError("Expected to have finished reduction in the prior iteration before "
-                                     "starting a new one. This error indicates that your module has parameters "
-                                     "that were not used in producing loss."))
-    finally:
-        doctor.detach()
-    (finding,) = [e["data"] for e in engine.events if e["kind"] == "finding"]
-    assert finding["id"] == "never-learns" and finding["params"] == ["spare.weight", "spare.bias"]
 
 
-def test_input_bound_blames_only_loader_settings_that_explain_it():
-    from ptdash.doctor_rules import DataWatch
-
-    found = []
-    watch = DataWatch(lambda rule, what, **data: found.append((rule, data)), lambda: 0)
-    watch.loader = (4, True, "train.py:9")
-    watch.input_bound(0.8, 30, cuda=True)
-    assert found == []  # parallel and pinned: the generic monitor hint is all there is to say
-    watch.loader = (4, False, "train.py:9")
-    watch.input_bound(0.8, 30, cuda=True)
-    (rule, data), = found
-    assert rule == "input-bound" and "pin_memory=True" in data["fix"] and "num_workers=" not in data["fix"]
 
 
-def test_host_sync_sampling_end_to_end_in_process(monkeypatch):
-    """The doctor's CUDA path with the CUDA calls faked: warnings from the script's line are
-    counted on the two sampled steps, kept from the output, and raise host-syncs once."""
-    import warnings
-
-    import torch
-    from ptdash import doctor_rules
-    from ptdash.doctor import Doctor
-
-    modes = []
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    engine = _Engine()
-    doctor = Doctor(engine)
-    doctor.syncs = doctor_rules.SyncSampler(first=3, set_mode=modes.append, get_mode=lambda: 0)
-    model = torch.nn.Linear(2, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    shown = []
-    monkeypatch.setattr(warnings, "showwarning", lambda *a, **k: shown.append(a))
-    doctor.attach()
-    doctor._cuda = True
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # as under PYTHONWARNINGS=ignore: sampling must still count
-            for step in range(1, 7):
-                model(torch.randn(3, 2)).sum().backward()
-                doctor.on_pre_step(opt, step, list(model.parameters()))
-                opt.step()
-                warnings.warn("called a synchronizing CUDA operation")  # loss.item()
-                doctor.on_post_step(opt, step)
-    finally:
-        doctor.detach()
-    (finding,) = [e["data"] for e in engine.events if e["kind"] == "finding"]
-    assert finding["id"] == "host-syncs" and finding["step"] == 4 and "test_doctor.py:" in finding["source"]
-    assert finding["lines"][0]["per_step"] == 1 and modes == ["warn", 0] and shown == []
 
 
 def test_doctor_command_imports_neither_torch_nor_textual():

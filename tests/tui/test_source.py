@@ -4,47 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from tui_fixtures import FakeEngine, demo_row, make_run  # noqa: E402
-
-from ptdash import rundir  # noqa: E402
-from ptdash.protocol import Command, Metrics, Status  # noqa: E402
-from ptdash.store import STORE_NAME, StoreWriter  # noqa: E402
-from ptdash.tui import source as source_mod  # noqa: E402
-from ptdash.tui.source import (Backfill, Connection, History, LiveSource, LogLines, LogTail,  # noqa: E402
-                               ReplaySource, load_history)
-
-
-class Inbox:
-    """Collects what a source posts, from its thread."""
-
-    def __init__(self) -> None:
-        self.items: list = []
-        self._cond = threading.Condition()
-
-    def __call__(self, obj) -> None:
-        with self._cond:
-            self.items.append(obj)
-            self._cond.notify_all()
-
-    def wait(self, predicate, timeout: float = 5.0):
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                found = [x for x in self.items if predicate(x)]
-                if found:
-                    return found[-1]
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"nothing matched; got {[type(x).__name__ for x in self.items]}")
-                self._cond.wait(left)
+from ptdash import rundir
+from ptdash.protocol import Command, Metrics, Status
+from ptdash.store import STORE_NAME, StoreWriter
+from ptdash.tui import source as source_mod
+from ptdash.tui.source import Backfill, Connection, History, LiveSource, LogLines, LogTail, ReplaySource, load_history
+from support.inbox import Inbox
+from support.recorded_run import FakeEngine, demo_row, make_run
 
 
 def test_load_history_reads_everything(tmp_path):

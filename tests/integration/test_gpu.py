@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from ptdash.store import StoreReader
-
-from runner import SCRIPTS, ptdash
+from support.runner import SCRIPTS, ptdash
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -30,7 +29,7 @@ def test_training_loop_under_the_engine_adds_no_host_sync(tmp_path):
 
 
 def test_nonfinite_gradient_on_cuda_pauses_at_the_next_flush(tmp_path):
-    from runner import Run, wait_for
+    from support.runner import Run, wait_for
 
     run = Run(tmp_path, SCRIPTS / "cuda_plant_nan.py")
     try:

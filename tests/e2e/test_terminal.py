@@ -10,9 +10,8 @@ import pytest
 
 from ptdash import rundir
 from ptdash.store import StoreReader
-
-from runner import ENV, SCRIPTS
-from tmux import Terminal, require_tmux
+from support.runner import ENV, SCRIPTS
+from support.tmux import Terminal, require_tmux
 
 PTDASH = f"{sys.executable} -m ptdash.tui.cli"
 TERM_ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TERM": "xterm-256color",

@@ -3,8 +3,7 @@
 import json
 
 from ptdash.store import StoreReader
-
-from runner import SCRIPTS, Run, ptdash, wait_for
+from support.runner import SCRIPTS, Run, ptdash, wait_for
 
 
 def test_profile_command_summarises_real_operators_and_writes_a_trace(tmp_path):

@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from ptdash import rundir
-from ptdash.protocol import Command, Hello, Refused, encode
+from ptdash.protocol import Command, Hello, encode
 from ptdash.transport import Client, TransportError
-
-from runner import SCRIPTS, Run, ptdash, wait_for
+from support.runner import SCRIPTS, Run, ptdash, wait_for
 
 STEADY = SCRIPTS / "steady.py"
 
