@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ptdash import rundir
-from ptdash.protocol import Ack, Command
-from ptdash.transport import Client
+from ptdash.shared import rundir
+from ptdash.shared.protocol import Ack, Command
+from ptdash.shared.transport import Client
 
 STEADY = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "steady.py"
 

@@ -86,8 +86,8 @@ MLP_BUDGET_US = 50.0
 # The dashboard stand-in: reads every frame the engine publishes until the engine closes.
 CLIENT_CODE = r"""
 import sys, time
-from ptdash.protocol import Metrics
-from ptdash.transport import Client, TransportError
+from ptdash.shared.protocol import Metrics
+from ptdash.shared.transport import Client, TransportError
 
 client = Client(sys.argv[1], sys.argv[2], name="overhead-benchmark")
 client.connect()
@@ -263,8 +263,8 @@ MAKERS = {"mlp": make_mlp, "gpt": make_gpt}
 @contextmanager
 def live_engine(root: Path, name: str, client: bool):
     """A real Engine with the CLI's defaults, started; finished on exit."""
-    from ptdash import rundir
     from ptdash.engine import Engine
+    from ptdash.shared import rundir
 
     run_dir = rundir.create(root, name, {"config": {}})
     engine = Engine(run_dir, {})

@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ptdash import rundir
-from ptdash.store import STORE_NAME, StoreReader, StoreWriter
+from ptdash.shared import rundir
+from ptdash.shared.store import STORE_NAME, StoreReader, StoreWriter
 
 FLUSH_STEPS = 250
 """Steps per write: four flushes a second of a 1000 steps/s run."""

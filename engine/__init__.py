@@ -9,7 +9,7 @@ Importing ``ptdash`` imports neither torch nor textual.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .shared import __version__
 
 __all__ = ["log", "watch", "start_step", "active", "__version__"]
 

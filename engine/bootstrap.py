@@ -52,7 +52,7 @@ def run_target(argv: list[str]) -> dict:
 def _run_dir(argv: list[str]) -> tuple[Path | None, dict]:
     """The run dir and its config: the one ``ptdash`` made, or a new one (rank 0 under a
     plain ``torchrun -m ptdash.bootstrap``); None for other ranks of such a launch."""
-    from . import rundir
+    from .shared import rundir
 
     rank = int(os.environ.get("RANK", 0))
     if "PTDASH_RUN_DIR" in os.environ:
@@ -69,9 +69,9 @@ def _run_dir(argv: list[str]) -> tuple[Path | None, dict]:
 
 
 def main() -> int:
-    from . import rundir
     from .controls import StopTraining
     from .engine import Engine
+    from .shared import rundir
 
     argv = sys.argv[1:]
     if not argv:

@@ -14,9 +14,8 @@ import collections
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
 
-from .protocol import Command, validate_command
+from .shared.protocol import Command, validate_command
 
 
 class StopTraining(SystemExit):

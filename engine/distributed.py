@@ -23,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .protocol import COMMANDS, Command
+from .shared.protocol import COMMANDS, Command
 
 EXCHANGE_SECONDS = 0.05
 """At most one command exchange per this many seconds of training..."""

@@ -12,26 +12,25 @@ The training thread never waits for the other two.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
-from . import checkpoint, profiling, rundir, system
-from .doctor import Doctor
-from .monitor import Monitor
+from . import checkpoint, profiling, system
 from .controls import Controls, Settings
 from .distributed import Distributed
+from .doctor import Doctor
 from .hooks import Hooks
-from .protocol import Ack, Command, Event, Layers, Metrics, Status, Welcome
+from .monitor import Monitor
 from .recorder import Recorder
-from .store import STORE_NAME, StoreWriter
-from .transport import Server
+from .shared import rundir
+from .shared.protocol import Ack, Command, Event, Layers, Metrics, Status, Welcome
+from .shared.store import STORE_NAME, StoreWriter
+from .shared.transport import Server
 
 log = logging.getLogger("ptdash.engine")
 
@@ -344,7 +343,7 @@ class Engine:
             self.event("oom", "out of memory: " + "; ".join(report["remedies"]), **report)
 
     def _journal(self) -> list[dict]:
-        from .store import StoreReader
+        from .shared.store import StoreReader
 
         try:
             with StoreReader(self.run_dir / STORE_NAME) as reader:

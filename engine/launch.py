@@ -16,8 +16,8 @@ import time
 import uuid
 from pathlib import Path
 
-from . import rundir
-from .store import STORE_NAME, StoreWriter
+from .shared import rundir
+from .shared.store import STORE_NAME, StoreWriter
 
 
 def describe(exitcode: int) -> str:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ptdash import rundir
+from ptdash.shared import rundir
 from ptdash.tui.app import make_app
 from ptdash.tui.source import ReplaySource
 

@@ -18,7 +18,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from ptdash.protocol import ENDED, Ack, Command, Event, Layers, Metrics, Status
+from ptdash.shared.protocol import ENDED, Ack, Command, Event, Layers, Metrics, Status
 
 from . import findings, profile, ranks, system
 from .messages import SourceUpdate

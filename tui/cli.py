@@ -23,10 +23,10 @@ import time
 import uuid
 from pathlib import Path
 
-from ptdash import __version__, rundir
-from ptdash.protocol import ENDED, Ack, Command, Status, parse_positive
-from ptdash.store import STORE_NAME, StoreReader, wait_for_store
-from ptdash.transport import Client, TransportError
+from ptdash.shared import __version__, rundir
+from ptdash.shared.protocol import ENDED, Ack, Command, Status, parse_positive
+from ptdash.shared.store import STORE_NAME, StoreReader, wait_for_store
+from ptdash.shared.transport import Client, TransportError
 
 from . import runs
 

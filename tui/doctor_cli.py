@@ -13,7 +13,7 @@ import sqlite3
 import sys
 import textwrap
 
-from ptdash.store import STORE_NAME, StoreError, StoreReader
+from ptdash.shared.store import STORE_NAME, StoreError, StoreReader
 
 from . import runs
 

@@ -12,7 +12,7 @@ import re
 from collections import deque
 from dataclasses import dataclass
 
-from ptdash.protocol import Layers
+from ptdash.shared.protocol import Layers
 
 HISTORY = 300
 """Grad-norm values kept per parameter (about 75 s of flushes at 4 a second)."""

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from ptdash import rundir
-from ptdash.protocol import ENDED
-from ptdash.store import STORE_NAME, StoreError, StoreReader
+from ptdash.shared import rundir
+from ptdash.shared.protocol import ENDED
+from ptdash.shared.store import STORE_NAME, StoreError, StoreReader
 
 LS_STATES = {"running": "live", "starting": "starting", "pausing": "paused", "paused": "paused",
              "stopping": "stopping"}

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from ptdash import rundir
-from ptdash.protocol import ENDED, STATES, Ack, Command, Event, Layers, Metrics, Status
-from ptdash.store import STORE_NAME, StoreError, StoreReader
-from ptdash.transport import Client, TransportError
+from ptdash.shared import rundir
+from ptdash.shared.protocol import ENDED, STATES, Ack, Command, Event, Layers, Metrics, Status
+from ptdash.shared.store import STORE_NAME, StoreError, StoreReader
+from ptdash.shared.transport import Client, TransportError
 
 from .state import rank_wants
 

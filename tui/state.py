@@ -12,7 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ptdash.protocol import ENDED, Ack, Event, Layers, Metrics, Status
+from ptdash.shared.protocol import ENDED, Ack, Event, Layers, Metrics, Status
 
 from .findings import Findings
 from .layers import LayerStats

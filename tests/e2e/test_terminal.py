@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from ptdash import rundir
-from ptdash.store import StoreReader
+from ptdash.shared import rundir
+from ptdash.shared.store import StoreReader
 from support.runner import ENV, SCRIPTS
 from support.tmux import Terminal, require_tmux
 

@@ -5,7 +5,7 @@ from support.runner import SCRIPTS, Run, ptdash, wait_for
 
 
 def _events(run_dir):
-    from ptdash.store import StoreReader
+    from ptdash.shared.store import StoreReader
     with StoreReader(run_dir / "metrics.db") as s:
         return s.events()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ptdash.store import StoreReader
+from ptdash.shared.store import StoreReader
 from support.runner import REPO, SCRIPTS, ptdash
 
 

@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 
-from ptdash import rundir
-from ptdash.protocol import Command, Hello, encode
-from ptdash.transport import Client, TransportError
+from ptdash.shared import rundir
+from ptdash.shared.protocol import Command, Hello, encode
+from ptdash.shared.transport import Client, TransportError
 from support.runner import SCRIPTS, Run, ptdash, wait_for
 
 STEADY = SCRIPTS / "steady.py"
@@ -198,7 +198,7 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(tmp_path):
     b = torch.load(second / "params.pt")
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    from ptdash.store import StoreReader
+    from ptdash.shared.store import StoreReader
     with StoreReader(second / "run" / "metrics.db") as s:
         steps, _ = s.series("loss")
     assert steps == list(range(n + 1, 2 * n + 1))
@@ -268,7 +268,7 @@ def test_clip_override_without_script_clipping_keeps_per_layer_norms(tmp_path):
     result = ptdash("--headless", "--run-dir", "run", "--clip", "0.5", str(STEADY), "--steps", "30", "--sleep", "0",
                     cwd=tmp_path)
     assert result.returncode == 0, result.stdout
-    from ptdash.store import StoreReader
+    from ptdash.shared.store import StoreReader
     with StoreReader(tmp_path / "run" / "metrics.db") as s:
         layers = s.blobs("layers")
         steps, clip = s.series("grad/clip_max")

@@ -127,7 +127,7 @@ def test_users_own_torchrun_runs_the_engine_module(tmp_path):
         run_json = wait_for(lambda: list((tmp_path / "ptdash-runs").glob("*/run.json")), 90,
                             what="rank 0 to create the run dir")
         run_dir = run_json[0].parent
-        from ptdash.store import StoreReader
+        from ptdash.shared.store import StoreReader
 
         def steps():
             try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ptdash.store import StoreReader
+from ptdash.shared.store import StoreReader
 from support.runner import ENV, REPO, SCRIPTS, ptdash
 
 DOCTOR = SCRIPTS / "doctor"

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ptdash.store import StoreReader
+from ptdash.shared.store import StoreReader
 from support.runner import SCRIPTS, ptdash
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

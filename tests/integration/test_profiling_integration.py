@@ -2,7 +2,7 @@
 
 import json
 
-from ptdash.store import StoreReader
+from ptdash.shared.store import StoreReader
 from support.runner import SCRIPTS, Run, ptdash, wait_for
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from ptdash import rundir
-from ptdash.protocol import Hello, encode
-from ptdash.store import STORE_NAME, StoreReader
-from ptdash.transport import Client
+from ptdash.shared import rundir
+from ptdash.shared.protocol import Hello, encode
+from ptdash.shared.store import STORE_NAME, StoreReader
+from ptdash.shared.transport import Client
 from support.runner import ENV, SCRIPTS, Run, engine_pid, ptdash, wait_for
 from support.tmux import Terminal, require_tmux
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from ptdash import protocol, rundir, transport
-from ptdash.protocol import Command, Hello, Status, Welcome, encode
-from ptdash.transport import Server, TransportError, check_private_dir, filesystem_type, private_dir
+from ptdash.shared import protocol, rundir, transport
+from ptdash.shared.protocol import Command, Hello, Status, Welcome, encode
+from ptdash.shared.transport import Server, TransportError, check_private_dir, filesystem_type, private_dir
 from support.runner import ENV, SCRIPTS, Run, ptdash
 
 STEADY = SCRIPTS / "steady.py"

@@ -8,13 +8,13 @@ import sys
 import textwrap
 import time
 
-from ptdash.store import StoreError, StoreReader, StoreWriter
+from ptdash.shared.store import StoreError, StoreReader, StoreWriter
 
 STORE = "metrics.db"
 
 WRITER = textwrap.dedent("""
     import sys, time
-    from ptdash.store import StoreWriter
+    from ptdash.shared.store import StoreWriter
     path, flushes, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     writer = StoreWriter(path)
     for f in range(flushes):

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from ptdash import protocol, transport
-from ptdash.protocol import Command, Event, Hello, Layers, Metrics, Refused, Status, Welcome, encode
-from ptdash.transport import Client, Server, TransportError
+from ptdash.shared import protocol, transport
+from ptdash.shared.protocol import Command, Event, Hello, Layers, Metrics, Refused, Status, Welcome, encode
+from ptdash.shared.transport import Client, Server, TransportError
 
 TOKEN = "t" * 64
 

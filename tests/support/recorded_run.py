@@ -18,10 +18,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ptdash import rundir
-from ptdash.protocol import Ack, Command, Event, Layers, Metrics, Status, Welcome
-from ptdash.store import STORE_NAME, StoreWriter
-from ptdash.transport import Server
+from ptdash.shared import rundir
+from ptdash.shared.protocol import Ack, Command, Event, Layers, Metrics, Status, Welcome
+from ptdash.shared.store import STORE_NAME, StoreWriter
+from ptdash.shared.transport import Server
 
 TOTAL_STEPS = 2000
 CLIP = 1.0

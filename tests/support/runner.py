@@ -12,10 +12,10 @@ import time
 import uuid
 from pathlib import Path
 
-from ptdash import rundir
-from ptdash.protocol import Ack, Command
-from ptdash.store import STORE_NAME, StoreReader
-from ptdash.transport import Client
+from ptdash.shared import rundir
+from ptdash.shared.protocol import Ack, Command
+from ptdash.shared.store import STORE_NAME, StoreReader
+from ptdash.shared.transport import Client
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import asyncio
 import math
 import time
 
-from ptdash.protocol import Layers
-from ptdash.store import STORE_NAME, StoreReader
+from ptdash.shared.protocol import Layers
+from ptdash.shared.store import STORE_NAME, StoreReader
 from ptdash.tui.app import make_app
 from ptdash.tui.bars import bar, sparkline, stacked
 from ptdash.tui.layers import LayerStats, combine, module_of, natural_key, select

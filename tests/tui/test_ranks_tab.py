@@ -16,8 +16,8 @@ from io import StringIO
 
 from rich.console import Console
 
-from ptdash import rundir
-from ptdash.protocol import Metrics, Status
+from ptdash.shared import rundir
+from ptdash.shared.protocol import Metrics, Status
 from ptdash.tui import findings, ranks
 from ptdash.tui.app import make_app
 from ptdash.tui.source import LiveSource, ReplaySource, RunInfo, load_history

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from ptdash import rundir
-from ptdash.protocol import Command, Metrics, Status
-from ptdash.store import STORE_NAME, StoreWriter
+from ptdash.shared import rundir
+from ptdash.shared.protocol import Command, Metrics, Status
+from ptdash.shared.store import STORE_NAME, StoreWriter
 from ptdash.tui import source as source_mod
 from ptdash.tui.source import Backfill, Connection, History, LiveSource, LogLines, LogTail, ReplaySource, load_history
 from support.inbox import Inbox

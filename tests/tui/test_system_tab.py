@@ -12,7 +12,7 @@ from io import StringIO
 
 from rich.console import Console
 
-from ptdash.protocol import Ack, Metrics
+from ptdash.shared.protocol import Ack, Metrics
 from ptdash.tui import profile, system
 from ptdash.tui.app import make_app
 from ptdash.tui.source import LiveSource
@@ -108,7 +108,7 @@ def test_profile_report_states():
 
 
 def test_anomaly_pause_reason_lasts_while_paused():
-    from ptdash.protocol import Status
+    from ptdash.shared.protocol import Status
 
     state = RunState()
     state.set_status(Status(state="running", step=10))

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from ptdash import rundir
 from ptdash.doctor import WATCH_EVERY, WATCH_FIRST
 from ptdash.engine import Engine
+from ptdash.shared import rundir
 
 
 @pytest.fixture
@@ -174,7 +174,7 @@ def test_a_param_group_added_mid_run_is_measured(engine):
 
 
 def test_a_bug_that_starts_late_is_caught_on_the_sampled_steps(engine):
-    from ptdash.store import StoreReader
+    from ptdash.shared.store import StoreReader
 
     model = _model()
     start = WATCH_FIRST + 20  # past the steps watched one by one; then no more zero_grad

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ptdash.store import LEVELS, StoreError, StoreReader, StoreWriter, merge_point
+from ptdash.shared.store import LEVELS, StoreError, StoreReader, StoreWriter, merge_point
 
 STORE = "metrics.db"
 

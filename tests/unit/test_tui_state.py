@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ptdash.protocol import Ack, Metrics, Status
+from ptdash.shared.protocol import Ack, Metrics, Status
 from ptdash.tui.state import (
     RunState,
     Series,

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from ptdash.protocol import ENDED, Status
+from ptdash.shared.protocol import ENDED, Status
 
 from ..state import eta, fmt_duration, fmt_si
 

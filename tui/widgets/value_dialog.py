@@ -8,7 +8,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from ptdash.protocol import parse_positive
+from ptdash.shared.protocol import parse_positive
 
 
 class ValueDialog(ModalScreen[float | str | None]):

@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-log = logging.getLogger("ptdash.store")
+log = logging.getLogger("ptdash.shared.store")
 
 STORE_NAME = "metrics.db"
 

@@ -31,7 +31,7 @@ from typing import Callable
 from . import protocol
 from .protocol import Command, Hello, Layers, Message, Metrics, ProtocolError, Refused, Welcome
 
-log = logging.getLogger("ptdash.transport")
+log = logging.getLogger("ptdash.shared.transport")
 
 AUTH_TIMEOUT = 5.0
 """Seconds a new connection has to present its token."""

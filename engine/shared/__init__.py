@@ -1,0 +1,16 @@
+"""The contract between the two halves of ptdash, shared by the engine and the dashboard.
+
+Standard library only: the terminal side imports this package and nothing else of the
+training side, so it never pulls in torch. What lives here is everything both halves
+must agree on:
+
+- ``protocol``: the messages on the control socket, their framing and validation;
+- ``config``: the run's typed configuration (``RunConfig``) and run.json (``RunInfo``);
+- ``store`` / ``reader`` / ``decimate``: the metrics store's writer, its reader, and the
+  min/max decimation both use;
+- ``rundir``: a run's directory and the per-user registry of runs;
+- ``transport``: the Unix-socket server (engine) and client (dashboard, ``ptdash ctl``).
+"""
+
+__version__ = "0.1.0"
+"""The ptdash version (one place: ``pyproject.toml`` reads it from here)."""
