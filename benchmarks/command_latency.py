@@ -35,11 +35,11 @@ def measure(step_sleep: float, commands: int) -> dict:
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if (tmp / "run" / "run.json").exists() and rundir.read_info(tmp / "run").get("status") == "running":
+            if (tmp / "run" / "run.json").exists() and rundir.read_info(tmp / "run").status == "running":
                 break
             time.sleep(0.1)
         info = rundir.read_info(tmp / "run")
-        client = Client(info["socket"], rundir.read_token(tmp / "run"), name="bench")
+        client = Client(info.socket, rundir.read_token(tmp / "run"), name="bench")
         client.connect()
         time.sleep(1.0)
         rtts = []
@@ -61,7 +61,7 @@ def measure(step_sleep: float, commands: int) -> dict:
         client.close()
         return {"sleep": step_sleep, "median": statistics.median(rtts), "max": max(rtts), "pause": pause}
     finally:
-        pid = rundir.read_info(tmp / "run").get("pid") if (tmp / "run" / "run.json").exists() else None
+        pid = rundir.read_info(tmp / "run").pid if (tmp / "run" / "run.json").exists() else None
         proc.kill()
         if pid and rundir.pid_alive(pid):
             os.kill(pid, signal.SIGKILL)

@@ -86,6 +86,7 @@ MLP_BUDGET_US = 50.0
 # The dashboard stand-in: reads every frame the engine publishes until the engine closes.
 CLIENT_CODE = r"""
 import sys, time
+from ptdash.shared.config import RunConfig
 from ptdash.shared.protocol import Metrics
 from ptdash.shared.transport import Client, TransportError
 
@@ -265,16 +266,17 @@ def live_engine(root: Path, name: str, client: bool):
     """A real Engine with the CLI's defaults, started; finished on exit."""
     from ptdash.engine import Engine
     from ptdash.shared import rundir
+    from ptdash.shared.config import RunConfig
 
-    run_dir = rundir.create(root, name, {"config": {}})
-    engine = Engine(run_dir, {})
+    run_dir = rundir.create(root, name)
+    engine = Engine(run_dir, RunConfig())
     engine.start()
     reader = None
     result = {"client": None}
     try:
         if client:
             info = rundir.read_info(run_dir)
-            reader = subprocess.Popen([sys.executable, "-c", CLIENT_CODE, info["socket"], rundir.read_token(run_dir)],
+            reader = subprocess.Popen([sys.executable, "-c", CLIENT_CODE, info.socket, rundir.read_token(run_dir)],
                                       stdout=subprocess.PIPE, text=True)
             if reader.stdout.readline().strip() != "connected":
                 raise RuntimeError("the dashboard stand-in could not connect")

@@ -52,7 +52,7 @@ def synthetic_row(step: int, rng: random.Random, wall: float, total: int) -> lis
 
 def build(root: Path, steps: int) -> tuple[Path, dict]:
     """A finished run dir under ``root`` holding ``steps`` steps; returns it and write figures."""
-    run_dir = rundir.create(root, "reattach-bench", {"argv": ["train.py"]})
+    run_dir = rundir.create(root, "reattach-bench", argv=["train.py"])
     rng = random.Random(0)
     start = time.time() - steps * 0.001 - 10
     writer = StoreWriter(run_dir / STORE_NAME)

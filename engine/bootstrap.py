@@ -15,6 +15,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from .shared.config import RunConfig
+
 
 def _setup_logging(run_dir: Path) -> None:
     handler = logging.FileHandler(run_dir / "engine.log")
@@ -49,7 +51,7 @@ def run_target(argv: list[str]) -> dict:
         return runpy.run_path(script, run_name="__main__")
 
 
-def _run_dir(argv: list[str]) -> tuple[Path | None, dict]:
+def _run_dir(argv: list[str]) -> tuple[Path | None, RunConfig]:
     """The run dir and its config: the one ``ptdash`` made, or a new one (rank 0 under a
     plain ``torchrun -m ptdash.bootstrap``); None for other ranks of such a launch."""
     from .shared import rundir
@@ -59,13 +61,13 @@ def _run_dir(argv: list[str]) -> tuple[Path | None, dict]:
         run_dir = Path(os.environ["PTDASH_RUN_DIR"])
     elif rank == 0:
         name = Path(argv[1] if argv[0] == "-m" else argv[0]).stem
-        run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), name, {"argv": argv, "cwd": os.getcwd(), "config": {}})
+        run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), name, argv=argv, cwd=os.getcwd(), python=sys.executable)
         print(f"ptdash: run dir {run_dir}; watch it with: ptdash attach {run_dir}", file=sys.stderr, flush=True)
     else:
-        return None, {}
+        return None, RunConfig()
     if rank == 0:
         _setup_logging(run_dir)
-    return run_dir, rundir.read_info(run_dir).get("config", {})
+    return run_dir, rundir.read_info(run_dir).config
 
 
 def main() -> int:

@@ -119,7 +119,7 @@ class Doctor:
         self._patch(nn.Module, "train", self._wrap_train(nn.Module.train))
         for owner, name, when, callback in self.data.patches():
             self._patch(owner, name, _call(getattr(owner, name), when, callback))
-        if self.engine.config.get("detect_anomaly"):
+        if self.engine.config.detect_anomaly:
             # Slow (a stack trace per forward op), so only on request: it names the forward
             # op whose saved tensor an in-place operation overwrote.
             before = torch.is_anomaly_enabled()

@@ -28,6 +28,7 @@ from .hooks import Hooks
 from .monitor import Monitor
 from .recorder import Recorder
 from .shared import rundir
+from .shared.config import RunConfig
 from .shared.protocol import Ack, Command, Event, Layers, Metrics, Status, Welcome
 from .shared.store import STORE_NAME, StoreWriter
 from .shared.transport import Server
@@ -45,17 +46,17 @@ class Engine:
     store and the socket. The others hand their rows to it (see distributed.py).
     """
 
-    def __init__(self, run_dir: Path | None, config: dict) -> None:
+    def __init__(self, run_dir: Path | None, config: RunConfig) -> None:
         self.dist = Distributed()
         self.primary = self.dist.rank == 0
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
-        self.info = rundir.read_info(self.run_dir) if self.primary else {}
+        self.info = rundir.read_info(self.run_dir) if self.primary else None
         self.config = config
-        self.settings = Settings(clip=config.get("clip"), lr_scale=config.get("lr_scale") or 1.0)
+        self.settings = Settings(clip=config.clip, lr_scale=config.lr_scale or 1.0)
         self.controls = Controls(self.settings, self, self.dist if self.dist.multi else None)
         self.recorder = Recorder()
         self.hooks = Hooks(self)
-        self.flush_interval = float(config.get("flush_interval", 0.25))
+        self.flush_interval = config.flush_interval
         self.start_step = 0
         self.state = "starting"
         self.paused_at: int | None = None
@@ -88,8 +89,8 @@ class Engine:
         if self.primary:
             self.store = StoreWriter(self.run_dir / STORE_NAME)
             self.server = Server(
-                Path(self.info["socket"]), rundir.read_token(self.run_dir),
-                Welcome(run_id=self.info["id"], run_dir=str(self.run_dir), pid=os.getpid(),
+                Path(self.info.socket), rundir.read_token(self.run_dir),
+                Welcome(run_id=self.info.id, run_dir=str(self.run_dir), pid=os.getpid(),
                         world_size=self.dist.world_size),
                 on_command=self.controls.submit, on_connect=lambda: [self.status()])
 
@@ -103,18 +104,18 @@ class Engine:
         """Install hooks, open the socket, start the flusher. Called before the script runs."""
         global ENGINE
         ENGINE = self
-        if self.config.get("resume"):
-            self._resume = checkpoint.load(Path(self.config["resume"]))
+        if self.config.resume:
+            self._resume = checkpoint.load(Path(self.config.resume))
             self.start_step = int(self._resume["ptdash"]["step"])
             saved = self._resume["ptdash"].get("controls", {})
-            self.settings.clip = saved.get("clip", self.settings.clip) if self.config.get("clip") is None else self.settings.clip
-            self.settings.lr_scale = saved.get("lr_scale", 1.0) if self.config.get("lr_scale") is None else self.settings.lr_scale
+            self.settings.clip = saved.get("clip", self.settings.clip) if self.config.clip is None else self.settings.clip
+            self.settings.lr_scale = saved.get("lr_scale", 1.0) if self.config.lr_scale is None else self.settings.lr_scale
         self.hooks.step = self.start_step
-        self._periodic = bool(self.config.get("profile_steps") or self.config.get("checkpoint_every")
-                              or self.config.get("checkpoint_every_s"))
+        self._periodic = bool(self.config.profile_steps or self.config.checkpoint_every
+                              or self.config.checkpoint_every_s)
         """Whether each step end checks for a profile window or a periodic checkpoint."""
-        self.hooks.update_ratio_every = int(self.config.get("update_ratio_every", 100))
-        if self.config.get("memory_history"):
+        self.hooks.update_ratio_every = self.config.update_ratio_every
+        if self.config.memory_history:
             system.memory_history_start()
         self.hooks.attach()
         self.doctor.attach()
@@ -122,11 +123,11 @@ class Engine:
             self.hooks.arm_resume(self._apply_resume)
         if self.primary:
             self.server.start()
-            rundir.register(self.info["id"], self.run_dir)
+            rundir.register(self.info.id, self.run_dir)
             rundir.update_info(self.run_dir, status="running", pid=os.getpid(), started=time.time(),
                                torch_version=torch.__version__, start_step=self.start_step,
                                world_size=self.dist.world_size)
-            self.store.set_meta(config=self.config, run=self.info, world_size=self.dist.world_size)
+            self.store.set_meta(config=self.config.to_json(), run=self.info.to_json(), world_size=self.dist.world_size)
             self.event("run", f"started{' from step %d' % self.start_step if self.start_step else ''}"
                        + (f" with {self.dist.world_size} ranks" if self.dist.multi else ""))
         self._flusher = threading.Thread(target=self._flush_loop, name="ptdash-flush", daemon=True)
@@ -161,8 +162,8 @@ class Engine:
             self.server.stop()
             self.store.close()
             rundir.update_info(self.run_dir, status=state, exit_code=exit_code, ended=time.time(),
-                               steps=self.hooks.step)
-            rundir.unregister(self.info["id"])
+                               step=self.hooks.step)
+            rundir.unregister(self.info.id)
         ENGINE = None
 
     def setup_distributed(self) -> None:
@@ -184,11 +185,13 @@ class Engine:
             self._flush_soon.set()
         if "paused_at" in changes:
             self.paused_at = changes["paused_at"]
-        self._publish(self.status())
-        if state is not None and self.primary:
+        status = self.status()
+        self._publish(status)
+        if self.primary:
             try:
-                rundir.update_info(self.run_dir, status=state, step=self.hooks.step)
-            except OSError:
+                rundir.update_info(self.run_dir, status=status.state, step=status.step, paused_at=status.paused_at,
+                                   total_steps=status.total_steps, clip=status.clip, lr_scale=status.lr_scale)
+            except (OSError, ValueError):
                 log.exception("could not update run.json")
 
     def event(self, kind: str, message: str, **data) -> None:
@@ -272,7 +275,7 @@ class Engine:
             bad = (~torch.isfinite(per_tensor)).nonzero()
             if bad.numel():
                 name = self._names_for(params)[int(bad[0])]
-        action = self.config.get("on_anomaly") or "pause"
+        action = self.config.on_anomaly
         self.event("anomaly", f"non-finite gradient before the update of step {step}, first in {name}"
                    + {"pause": "; paused before the update", "skip": "; update skipped",
                       "warn": ""}[action], step=step, layer=name, action=action)
@@ -307,13 +310,13 @@ class Engine:
         obj = checkpoint.build(
             step, self.hooks.models, optimizers, self.hooks.top_schedulers(),
             self.hooks.live(self.hooks.scalers),
-            {"run_id": self.info["id"], "reason": reason,
+            {"run_id": self.info.id, "reason": reason,
              "controls": {"clip": self.settings.clip, "lr_scale": self.settings.lr_scale},
              "journal": journal})
         path = self.run_dir / "checkpoints" / f"step-{step}.pt"
         size = checkpoint.save_atomic(obj, path)
         seconds = time.perf_counter() - t0
-        keep = int(self.config.get("keep_last") or 0)
+        keep = self.config.keep_last or 0
         if keep:
             checkpoint.prune(path.parent, keep)
         self._last_checkpoint_time = time.monotonic()
@@ -328,7 +331,7 @@ class Engine:
             self.hooks.set_models(checkpoint.find_models(optimizers))
         warnings = checkpoint.apply(ckpt, self.hooks.models, optimizers, self.hooks.top_schedulers(),
                                     self.hooks.live(self.hooks.scalers))
-        self.event("run", f"resumed from {self.config['resume']} at step {self.start_step}"
+        self.event("run", f"resumed from {self.config.resume} at step {self.start_step}"
                    + (f" ({'; '.join(warnings)})" if warnings else ""))
 
     def on_crash(self, exc: BaseException) -> None:
@@ -336,7 +339,7 @@ class Engine:
         self.doctor.on_crash(exc)
         if isinstance(exc, torch.OutOfMemoryError):
             report = system.oom_report(error=exc)
-            if self.config.get("memory_history") and self.primary:
+            if self.config.memory_history and self.primary:
                 path = self.run_dir / "memory-snapshot.pickle"
                 if system.memory_history_dump(path):
                     report["snapshot"] = str(path)
@@ -374,11 +377,11 @@ class Engine:
             self._profile_step()
         if not self._periodic:
             return
-        window = self.config.get("profile_steps")
+        window = self.config.profile_steps
         if window and step + 1 == window[0]:
             self.start_profile(None, step, window[1] - window[0] + 1)
-        every = self.config.get("checkpoint_every")
-        every_s = self.config.get("checkpoint_every_s")
+        every = self.config.checkpoint_every
+        every_s = self.config.checkpoint_every_s
         if (every and step % int(every) == 0) or (
                 every_s and time.monotonic() - self._last_checkpoint_time >= float(every_s)):
             self.controls.request_checkpoint("periodic")
@@ -500,7 +503,7 @@ class Engine:
             if payload["rows"]:
                 self._rank_progress[rank] = (payload["rows"][-1][0], now)
                 self._stalled.discard(rank)
-        limit = float(self.config.get("stall_seconds") or 120)
+        limit = self.config.stall_seconds
         if self.state != "running":
             return
         for rank, (step, since) in self._rank_progress.items():
@@ -525,7 +528,7 @@ class Engine:
         Checking on the training thread would cost a host sync per step; the price of not
         doing so is that the bad update (and the few after it) have been applied.
         """
-        if self.hooks.grad_device == "cpu" or (self.config.get("on_anomaly") or "pause") != "pause":
+        if self.hooks.grad_device == "cpu" or self.config.on_anomaly != "pause":
             return
         bad = next((step for step, _, values in rows
                     if ("loss" in values and values["loss"] is None)

@@ -65,12 +65,12 @@ def _record_failure(run_dir: Path, detail: str, failures: list[tuple[int, int]])
                               rank_failures=[{"rank": r, "exitcode": c} for r, c in failures], detail=detail)
     writer = StoreWriter(run_dir / STORE_NAME)
     try:
-        step = info.get("step", 0) or 0
+        step = info.step or 0
         writer.write(events=[(time.time(), step, "run", f"crashed: {detail}",
                               {"failures": [{"rank": r, "exitcode": c} for r, c in failures]})])
     finally:
         writer.close()
-    rundir.unregister(info["id"])
+    rundir.unregister(info.id)
 
 
 if __name__ == "__main__":

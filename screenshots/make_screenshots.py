@@ -84,7 +84,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ptdash-shots-") as tmp:
         run_dir = args.run_dir or record_demo(Path(tmp), args.seconds, shlex.split(args.demo_args))
         info = rundir.read_info(run_dir)  # a clear error for a path that is not a run
-        shots = SHOTS + ((RANKS_SHOT,) if (info.get("world_size") or 1) > 1 else ())
+        shots = SHOTS + ((RANKS_SHOT,) if (info.world_size or 1) > 1 else ())
         for size, keys, name in shots:
             asyncio.run(screenshot(run_dir, size, keys, args.out / name))
             print(f"wrote {args.out / name}")

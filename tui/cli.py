@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 
 from ptdash.shared import __version__, rundir
+from ptdash.shared.config import ConfigError, RunConfig
 from ptdash.shared.protocol import ENDED, Ack, Command, Status, parse_positive
 from ptdash.shared.store import STORE_NAME, StoreReader, wait_for_store
 from ptdash.shared.transport import Client, TransportError
@@ -154,28 +155,30 @@ def _check_target(target: list[str], module: str | None) -> tuple[list[str], str
 
 def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path, subprocess.Popen]:
     """Create the run dir and start the engine in its own session."""
-    config = {
-        "clip": args.clip, "lr_scale": args.lr_scale, "keep_last": args.keep_last,
-        "resume": str(args.resume.resolve()) if args.resume else None,
-        "flush_interval": args.flush_interval, "on_anomaly": args.on_anomaly,
-        "profile_steps": list(args.profile_steps) if args.profile_steps else None,
-        "memory_history": args.memory_history, "update_ratio_every": args.update_ratio_every,
-        "stall_seconds": args.stall_timeout, "detect_anomaly": args.detect_anomaly,
-    }
+    every = {}
     if args.checkpoint_every:
         kind, value = args.checkpoint_every
-        config["checkpoint_every" if kind == "steps" else "checkpoint_every_s"] = value
+        every = {"checkpoint_every" if kind == "steps" else "checkpoint_every_s": value}
     if args.resume:
         if not args.resume.is_file():
             raise CliError(f"checkpoint {args.resume} does not exist", 2)
-    extra = {"argv": target, "cwd": os.getcwd(), "python": sys.executable, "config": config,
-             "git": _git_commit(target), "ptdash_version": __version__}
+    try:
+        config = RunConfig(
+            clip=args.clip, lr_scale=args.lr_scale, keep_last=args.keep_last,
+            resume=str(args.resume.resolve()) if args.resume else None, flush_interval=args.flush_interval,
+            on_anomaly=args.on_anomaly, profile_steps=args.profile_steps, memory_history=args.memory_history,
+            update_ratio_every=args.update_ratio_every, stall_seconds=args.stall_timeout,
+            detect_anomaly=args.detect_anomaly, **every)
+    except ConfigError as exc:
+        raise CliError(str(exc), 2) from None
+    fields = dict(argv=target, cwd=os.getcwd(), python=sys.executable, config=config,
+                  git=_git_commit(target), ptdash_version=__version__)
     if args.run_dir:
         if args.run_dir.exists() and any(args.run_dir.iterdir()):
             raise CliError(f"--run-dir {args.run_dir} exists and is not empty", 2)
-        run_dir = rundir.create(args.run_dir.parent, args.run_dir.name, extra, exact=True)
+        run_dir = rundir.create(args.run_dir.parent, args.run_dir.name, exact=True, **fields)
     else:
-        run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), args.name or name, extra)
+        run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), args.name or name, **fields)
     env = dict(os.environ, PTDASH_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
     output = open(run_dir / "output.log", "ab")
     if args.nproc_per_node > 1:
@@ -241,7 +244,7 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0) -> int:
     info = rundir.read_info(run_dir)
     with wait_for_store(run_dir / STORE_NAME, 1) or _nullcontext() as reader:
         line = progress_line(reader, info) if reader else ""
-    print(f"[ptdash] {info.get('status', 'ended')} with exit code {code}; {line.removeprefix('[ptdash] ')}"
+    print(f"[ptdash] {info.status} with exit code {code}; {line.removeprefix('[ptdash] ')}"
           f"\n[ptdash] run dir: {run_dir}", flush=True)
     return code
 
@@ -267,11 +270,11 @@ def _copy_new(path: Path, offset: int) -> int:
     return offset + len(data)
 
 
-def progress_line(reader: StoreReader, info: dict) -> str:
+def progress_line(reader: StoreReader, info) -> str:
     """``[ptdash] step 1200 | loss 2.3456 | lr 3.00e-04 | 12.3 steps/s``."""
     step, values = reader.latest()
     if step is None:
-        return f"[ptdash] {info.get('status', 'starting')}: no step yet"
+        return f"[ptdash] {info.status}: no step yet"
     parts = [f"step {step}"]
     if values.get("loss") is not None:
         parts.append(f"loss {values['loss']:.4f}")
@@ -301,13 +304,13 @@ def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True) -
         if result in ("stop", "closed") or proc.poll() is not None:
             return proc.wait()
     info = rundir.read_info(run_dir)
-    return int(info.get("exit_code") or 0)
+    return int(info.exit_code or 0)
 
 
 def send_command(run_dir: Path, cmd: Command, wait: bool = True, timeout: float = 120.0) -> Ack | None:
     """Send one command; with ``wait``, return the engine's Ack for it (None on timeout)."""
     info = rundir.read_info(run_dir)
-    client = Client(info["socket"], rundir.read_token(run_dir), name="ctl")
+    client = Client(info.socket, rundir.read_token(run_dir), name="ctl")
     client.connect()
     try:
         client.send(cmd)
@@ -334,7 +337,7 @@ def cmd_ls() -> int:
     print(f"{'RUN':<40} {'STATE':<9} {'STEP':>9} {'AGE':>5}  WHERE")
     for r in found:
         step = "" if r.step is None else f"{r.step:,}"
-        host = r.info.get("host")
+        host = r.info.host
         where = f"{r.path}" + (f" (on {host})" if host and host != socket.gethostname() else "")
         print(f"{r.path.name[:40]:<40} {r.state:<9} {step:>9} {runs.age(r.started):>5}  {where}")
     return 0

@@ -44,7 +44,7 @@ def cmd_doctor(argv: list[str]) -> int:
         message = str(exc).strip().splitlines()
         print(f"ptdash: error: {message[0] if message else type(exc).__name__}", file=sys.stderr)
         return 1
-    steps = run.info.get("steps", run.info.get("step"))
+    steps = run.info.step
     title = f"{run.path.name} ({run.state}" + (f" at step {steps}" if steps is not None else "") + ")"
     text, count = render(title, events, width=min(100, shutil.get_terminal_size((100, 24)).columns))
     print(text)

@@ -8,6 +8,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ptdash.shared import rundir
+from ptdash.shared.config import RunInfo
 from ptdash.shared.protocol import ENDED
 from ptdash.shared.store import STORE_NAME, StoreError, StoreReader
 
@@ -21,28 +22,28 @@ class RunSummary:
     """One line of ``ptdash ls``."""
 
     path: Path
-    info: dict
+    info: RunInfo
 
     @cached_property
     def live(self) -> bool:
         """The engine is running (or paused) and can be attached to."""
-        return self.info.get("status") not in ENDED and rundir.engine_alive(self.info)
+        return self.info.status not in ENDED and rundir.engine_alive(self.info)
 
     @property
     def state(self) -> str:
         """``live``, ``paused``, ``finished``, ``crashed``, ``stopped`` or ``lost`` (and
         ``starting``/``stopping`` in passing)."""
-        status = self.info.get("status", "?")
+        status = self.info.status
         if status in ENDED:
             return status
         if not self.live:
             # The engine died without recording its end (SIGKILL, power loss).
-            return "lost" if self.info.get("pid") else "starting"
+            return "lost" if self.info.pid else "starting"
         return LS_STATES.get(status, status)
 
     @property
     def started(self) -> float:
-        return float(self.info.get("started") or self.info.get("created") or 0)
+        return float(self.info.started or self.info.created or 0)
 
     @cached_property
     def step(self) -> int | None:
@@ -52,9 +53,8 @@ class RunSummary:
                 step = reader.last_step()
         except StoreError:
             step = None
-        recorded = self.info.get("steps", self.info.get("step"))
-        if step is None and isinstance(recorded, int):
-            return recorded
+        if step is None:
+            return self.info.step
         return step
 
 
@@ -82,7 +82,7 @@ def resolve(spec: str | None, live_only: bool = False) -> RunSummary:
         return RunSummary(path, rundir.read_info(path))
     runs = all_runs()
     if spec:
-        runs = [r for r in runs if spec in r.path.name or spec == r.info.get("id")]
+        runs = [r for r in runs if spec in r.path.name or spec == r.info.id]
     if live_only:
         runs = [r for r in runs if r.live]
     if not runs:

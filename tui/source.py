@@ -136,7 +136,7 @@ class Source:
         self.run_dir = Path(run_dir)
         self.info: dict = {}
         try:
-            self.info = rundir.read_info(self.run_dir)
+            self.info = rundir.read_info(self.run_dir).to_json()
         except (FileNotFoundError, ValueError):
             pass
 
@@ -520,7 +520,7 @@ def _launcher_alive(info: dict) -> bool:
 
 def _read_info(run_dir: Path) -> dict | None:
     try:
-        return rundir.read_info(run_dir)
+        return rundir.read_info(run_dir).to_json()
     except (FileNotFoundError, ValueError):
         return None
 
@@ -667,7 +667,7 @@ def status_from_files(info: dict, last_step: int | None) -> Status:
         state = "starting"
     total = info.get("total_steps")
     clip = info.get("clip")
-    recorded = info.get("steps") if isinstance(info.get("steps"), int) else info.get("step")
+    recorded = info.get("step")
     return Status(
         state=state,
         step=max(last_step or 0, recorded if isinstance(recorded, int) else 0),

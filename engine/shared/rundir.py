@@ -18,6 +18,7 @@ Stdlib only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -26,17 +27,18 @@ import socket
 import time
 from pathlib import Path
 
+from .config import ConfigError, RunInfo
 from .transport import private_dir
 
 DEFAULT_ROOT = "ptdash-runs"
 RUN_JSON = "run.json"
 
 
-def create(root: Path, name: str, extra: dict, exact: bool = False) -> Path:
+def create(root: Path, name: str, exact: bool = False, **fields) -> Path:
     """Make a new run dir under ``root`` with its token and an initial run.json.
 
     The dir is ``root/<time>-<name>``, or ``root/<name>`` when ``exact`` (an empty
-    existing directory is reused then).
+    existing directory is reused then). ``fields`` are RunInfo fields (argv, config...).
     """
     sockets = private_dir()  # first: an unsafe socket directory leaves nothing behind
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -58,44 +60,41 @@ def create(root: Path, name: str, extra: dict, exact: bool = False) -> Path:
     fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
-    info = {
-        "id": run_id,
-        "name": name,
-        "run_dir": str(path.resolve()),
-        "socket": str(sockets / f"{run_id}.sock"),
-        "host": socket.gethostname(),
-        "user_uid": os.getuid(),
-        "status": "starting",
-        "created": time.time(),
-        **extra,
-    }
+    info = RunInfo(id=run_id, name=name, run_dir=str(path.resolve()), socket=str(sockets / f"{run_id}.sock"),
+                   host=socket.gethostname(), user_uid=os.getuid(), created=time.time(), **fields)
     write_info(path, info)
     return path
 
 
-def read_info(run_dir: Path) -> dict:
+def read_info(run_dir: Path) -> RunInfo:
     """The run's metadata; raises FileNotFoundError or ValueError with a clear message."""
     path = Path(run_dir) / RUN_JSON
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{run_dir} is not a ptdash run (no {RUN_JSON})") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is damaged: {exc}") from None
+    try:
+        return RunInfo.from_json(data)
+    except ConfigError as exc:
         raise ValueError(f"{path} is damaged: {exc}") from None
 
 
-def write_info(run_dir: Path, info: dict) -> None:
+def write_info(run_dir: Path, info: RunInfo) -> None:
     """Replace run.json atomically, so a reader never sees half of it."""
     path = Path(run_dir) / RUN_JSON
     tmp = path.with_name(f".{RUN_JSON}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(info, indent=2, default=str))
+    tmp.write_text(json.dumps(info.to_json(), indent=2, default=str))
     os.replace(tmp, path)
 
 
-def update_info(run_dir: Path, **changes) -> dict:
-    """Merge ``changes`` into run.json and return the result."""
-    info = read_info(run_dir)
-    info.update(changes)
+def update_info(run_dir: Path, **changes) -> RunInfo:
+    """Set RunInfo fields in run.json and return the result."""
+    unknown = set(changes) - RunInfo.fields()
+    if unknown:
+        raise TypeError(f"run.json has no field {', '.join(sorted(unknown))}")
+    info = dataclasses.replace(read_info(run_dir), **changes)
     write_info(run_dir, info)
     return info
 
@@ -140,13 +139,13 @@ def registered() -> list[Path]:
     return dirs
 
 
-def engine_alive(info: dict) -> bool:
+def engine_alive(info: RunInfo) -> bool:
     """Whether the process run.json names is alive and is still a ptdash engine.
 
     The command line is checked (where /proc has it) so that a pid reused by another
     program after the engine died does not keep a lost run looking live.
     """
-    pid = info.get("pid")
+    pid = info.pid
     if not isinstance(pid, int) or not pid_alive(pid):
         return False
     try:

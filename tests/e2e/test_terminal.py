@@ -46,7 +46,7 @@ def wait_until(predicate, timeout=60, what="condition"):
 def kill_engine(run_dir) -> None:
     import os
     import signal
-    pid = rundir.read_info(run_dir).get("pid")
+    pid = rundir.read_info(run_dir).pid
     if pid and rundir.pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
 
@@ -116,7 +116,7 @@ def test_demo_pause_resume_controls_and_leave_running(term, tmp_path):
         term.keys("again", "s")
         term.wait_for("again", "Stop cleanly", 10)
         term.keys("again", "s")
-        wait_until(lambda: rundir.read_info(run_dir).get("status") == "stopped", 60, "a clean stop")
+        wait_until(lambda: rundir.read_info(run_dir).status == "stopped", 60, "a clean stop")
         assert list((run_dir / "checkpoints").glob("step-*.pt"))
     finally:
         kill_engine(run_dir)
@@ -132,7 +132,7 @@ def test_killing_the_terminal_keeps_training_and_attach_catches_up(term, tmp_pat
         term.kill_session("main")  # the terminal is gone, like a dropped SSH connection
         at_kill = last_step(run_dir)
         wait_until(lambda: last_step(run_dir) > at_kill + 20, 30, "training to continue without a terminal")
-        assert rundir.read_info(run_dir)["status"] == "running"
+        assert rundir.read_info(run_dir).status == "running"
 
         term.start("back", f"{PTDASH} attach", tmp_path, env=TERM_ENV)
         screen = term.wait_for("back", "running", 30)

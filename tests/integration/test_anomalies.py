@@ -13,8 +13,8 @@ def _events(run_dir):
 def test_nan_pauses_before_the_update_and_names_the_layer(tmp_path):
     run = Run(tmp_path, SCRIPTS / "plant_nan.py")
     try:
-        wait_for(lambda: run.info().get("status") == "paused", 60, what="the anomaly pause")
-        assert run.info()["step"] == 5
+        wait_for(lambda: run.info().status == "paused", 60, what="the anomaly pause")
+        assert run.info().step == 5
         events = wait_for(lambda: [e for e in _events(run.run_dir) if e["kind"] == "anomaly"], 10)
         assert "non-finite gradient before the update of step 6, first in 2.weight" in events[0]["message"]
         assert "paused before the update" in events[0]["message"]

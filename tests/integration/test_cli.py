@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from ptdash.shared import rundir
 from ptdash.shared.store import StoreReader
 from support.runner import REPO, SCRIPTS, ptdash
 
@@ -23,9 +24,9 @@ def test_basic_example_records_every_step_bit_identical(tmp_path):
             s, v = store.series(name)
             assert s == steps, name
             assert all(x is not None and x >= 0 for x in v), name
-    info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert info["status"] == "finished" and info["exit_code"] == 0
-    assert info["argv"][0].endswith("basic.py") and info["torch_version"]
+    info = rundir.read_info(tmp_path / "run")
+    assert info.status == "finished" and info.exit_code == 0
+    assert info.argv[0].endswith("basic.py") and info.torch_version
     assert "finished with exit code 0" in result.stdout
 
 
@@ -55,8 +56,8 @@ def test_exit_code_passthrough(tmp_path):
     (tmp_path / "three.py").write_text("import sys\nprint('bye')\nsys.exit(3)\n")
     result = ptdash("--headless", "--run-dir", "run", "three.py", cwd=tmp_path)
     assert result.returncode == 3
-    info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert info["exit_code"] == 3 and info["status"] == "crashed"
+    info = rundir.read_info(tmp_path / "run")
+    assert info.exit_code == 3 and info.status == "crashed"
 
 
 def test_crash_is_recorded_with_traceback(tmp_path):
@@ -66,8 +67,8 @@ def test_crash_is_recorded_with_traceback(tmp_path):
     log = (tmp_path / "run" / "output.log").read_text()
     assert "RuntimeError: kaboom" in log and 'File "boom.py", line 2, in f' in log
     assert "bootstrap.py" not in log  # the traceback is the script's, as python prints it
-    info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert info["status"] == "crashed"
+    info = rundir.read_info(tmp_path / "run")
+    assert info.status == "crashed"
 
 
 def _one_line_error(result, code, *needles):

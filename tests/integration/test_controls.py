@@ -37,7 +37,7 @@ def test_pause_stops_the_step_counter_and_resume_restarts_it(run):
     assert held == ack.step
     time.sleep(1.0)
     assert run.last_step() == held  # nothing moves while paused
-    assert run.info()["status"] == "paused"
+    assert run.info().status == "paused"
     ack2 = run.send("resume")
     assert ack2.ok and ack2.step == held
     run.wait_step(held + 5)
@@ -95,7 +95,7 @@ def test_engine_refuses_bad_values_even_from_a_raw_client(run):
 def _raw_connect(run) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(5)
-    sock.connect(run.info()["socket"])
+    sock.connect(run.info().socket)
     sock.sendall(encode(Hello(token=rundir.read_token(run.run_dir), client="raw")))
     return sock
 
@@ -112,13 +112,13 @@ def _read_all(sock) -> bytes:
 
 def test_garbage_and_wrong_tokens_are_refused_without_harm(run):
     info = run.info()
-    bad = Client(info["socket"], "0" * 64, name="intruder")
+    bad = Client(info.socket, "0" * 64, name="intruder")
     with pytest.raises(TransportError, match="wrong token"):
         bad.connect()
     for junk in (b"\x00\x00\x00\x05hello", b"GET / HTTP/1.1\r\n\r\n", b"\xff\xff\xff\xff" + b"x" * 10):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(5)
-        sock.connect(info["socket"])
+        sock.connect(info.socket)
         sock.sendall(junk)
         assert b"refused" in _read_all(sock)
         sock.close()
@@ -160,7 +160,7 @@ def test_stop_saves_a_checkpoint_and_runs_finally(run):
     assert ack.ok
     assert run.wait() == 0
     assert "finally ran" in run.output()
-    assert run.info()["status"] == "stopped"
+    assert run.info().status == "stopped"
     assert (run.run_dir / "checkpoints" / f"step-{ack.step}.pt").exists()
 
 
@@ -252,7 +252,7 @@ def test_sigkill_during_a_checkpoint_save_leaves_the_previous_one_intact(tmp_pat
         run.client.send(Command(id="second", name="checkpoint"))
         tmp = wait_for(lambda: [p for p in ckpts.iterdir() if p.name.endswith(".tmp")], 120, interval=0.005,
                        what="the second save to start writing")
-        os.kill(run.info()["pid"], signal.SIGKILL)
+        os.kill(run.info().pid, signal.SIGKILL)
         run.proc.wait(30)
         finals = sorted(p.name for p in ckpts.glob("step-*.pt"))
         assert finals == [good.name], finals  # nothing partial under a final name

@@ -84,7 +84,7 @@ def test_a_long_pause_then_clip_checkpoint_and_stop_reach_both_ranks(tmp_path):
         p0, p1 = (torch.load(tmp_path / f"params-{r}.pt") for r in (0, 1))
         for key in p0:
             assert torch.equal(p0[key], p1[key]), key
-        assert run.info()["status"] == "stopped" and run.info()["world_size"] == 2
+        assert run.info().status == "stopped" and run.info().world_size == 2
         with run.store() as s:
             channel = [e for e in s.events() if e["message"].startswith("rank channel:")]
         assert channel and channel[0]["data"]["exchanges"] > 0
@@ -103,8 +103,8 @@ def test_sigkill_of_rank_1_is_reported_and_nothing_is_left_behind(tmp_path):
         code = run.proc.wait(90)
         assert code != 0
         info = run.info()
-        assert info["status"] == "crashed"
-        assert info["rank_failures"][0] == {"rank": 1, "exitcode": -signal.SIGKILL}
+        assert info.status == "crashed"
+        assert info.rank_failures[0] == {"rank": 1, "exitcode": -signal.SIGKILL}
         with run.store() as s:
             assert any("rank 1 killed by SIGKILL" in e["message"] for e in s.events())
         wait_for(lambda: not _rank_pids(), 30, what="every rank to exit")

@@ -33,10 +33,10 @@ def test_nonfinite_gradient_on_cuda_pauses_at_the_next_flush(tmp_path):
 
     run = Run(tmp_path, SCRIPTS / "cuda_plant_nan.py")
     try:
-        wait_for(lambda: run.info().get("status") == "paused", 60, what="the deferred anomaly pause")
+        wait_for(lambda: run.info().status == "paused", 60, what="the deferred anomaly pause")
         with run.store() as s:
             messages = [e["message"] for e in s.events() if e["kind"] == "anomaly"]
         assert any("seen at the flush" in m for m in messages), messages
-        assert run.info()["step"] < 100  # paused within a flush or two of step 20
+        assert run.info().step < 100  # paused within a flush or two of step 20
     finally:
         run.close()

@@ -57,7 +57,7 @@ def test_out_of_memory_ends_crashed_with_the_report(tmp_path):
     result = ptdash("--headless", "--run-dir", "run", str(SCRIPTS / "oom.py"), cwd=tmp_path)
     assert result.returncode == 1
     info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert info["status"] == "crashed"
+    assert info.status == "crashed"
     with StoreReader(tmp_path / "run" / "metrics.db") as s:
         (oom,) = [e for e in s.events() if e["kind"] == "oom"]
     for remedy in ("batch size", "gradient accumulation", "mixed precision", "activation checkpointing"):

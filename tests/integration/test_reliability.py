@@ -124,13 +124,13 @@ def test_sighup_to_the_dashboard_keeps_training_and_attach_finds_the_run(term, t
         term.wait_for("main", "running", 90)
         wait_for(lambda: last_step(run_dir) >= 5, 60, what="steps")
         dash, group = pane_process(term, "main")
-        engine = rundir.read_info(run_dir)["pid"]
+        engine = rundir.read_info(run_dir).pid
         assert os.getpgid(engine) != group  # the engine is in a session of its own
         os.killpg(group, signal.SIGHUP)  # the terminal hangs up on the dashboard's process group
         wait_for(lambda: gone(dash), 10, what="the dashboard to die of SIGHUP")
         at_hup = last_step(run_dir)
         wait_for(lambda: last_step(run_dir) > at_hup + 20, 30, what="training to go on without a terminal")
-        assert rundir.read_info(run_dir)["status"] == "running" and not gone(engine)
+        assert rundir.read_info(run_dir).status == "running" and not gone(engine)
 
         elsewhere = tmp_path / "elsewhere"
         elsewhere.mkdir()
@@ -171,7 +171,7 @@ def test_ls_names_every_state_and_attach_picks_the_newest_live_run(tmp_path, run
             "g-reused": dict(status="running", pid=other.pid, step=41),  # a pid now used by another program
         }
         for i, (name, changes) in enumerate(cases.items()):
-            d = rundir.create(root, name, {}, exact=True)
+            d = rundir.create(root, name, exact=True)
             rundir.update_info(d, started=time.time() - 3600 * (10 - i), **changes)
         listed = ptdash("ls", cwd=tmp_path, env=env)
         assert listed.returncode == 0, listed.stderr
@@ -248,7 +248,7 @@ def soak(tmp_path_factory):
     run.client.close()  # a test client that never reads would be a stalled reader itself
     try:
         run.wait_step(30)
-        engine = run.info()["pid"]
+        engine = run.info().pid
         baseline = window(run.run_dir, engine, BASELINE_S)
         print("\n" + describe(f"baseline, no dashboard ({BASELINE_S:.0f} s)", baseline))
         yield run, engine, baseline
@@ -280,7 +280,7 @@ def test_a_client_that_connects_and_never_reads_does_not_slow_training(soak):
     run, engine, baseline = soak
     info = run.info()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(info["socket"])
+    sock.connect(info.socket)
     sock.sendall(encode(Hello(token=rundir.read_token(run.run_dir), client="never-reads")))
     try:
         stalled = window(run.run_dir, engine, SOAK_S)
@@ -290,7 +290,7 @@ def test_a_client_that_connects_and_never_reads_does_not_slow_training(soak):
     assert_barely_changed(stalled, baseline)
     assert_store_complete(run.run_dir)
     # The engine still serves its owner, and `ls` follows the state.
-    client = Client(info["socket"], rundir.read_token(run.run_dir), name="test")
+    client = Client(info.socket, rundir.read_token(run.run_dir), name="test")
     client.connect()
     run.client = client
     assert run.send("pause").ok

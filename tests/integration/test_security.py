@@ -132,12 +132,12 @@ def socket_inodes(pid: int) -> set[int]:
 
 def test_the_engine_listens_only_on_its_private_unix_socket(run):
     info = run.info()
-    sock_path = Path(info["socket"])
+    sock_path = Path(info.socket)
     assert stat.S_ISSOCK(os.lstat(sock_path).st_mode) and stat.S_IMODE(os.lstat(sock_path).st_mode) == 0o600
     assert stat.S_IMODE(os.lstat(sock_path.parent).st_mode) == 0o700
     assert stat.S_IMODE(os.lstat(run.run_dir / "token").st_mode) == 0o600
     assert len(rundir.read_token(run.run_dir)) == 64
-    pid = info["pid"]
+    pid = info.pid
     inodes = socket_inodes(pid)
     assert inodes
     for table in ("tcp", "tcp6", "udp", "udp6", "raw", "raw6"):
@@ -170,7 +170,7 @@ def test_no_pickle_on_the_wire():
 def raw_connect(run) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(10)
-    sock.connect(run.info()["socket"])
+    sock.connect(run.info().socket)
     return sock
 
 
@@ -186,7 +186,7 @@ def read_until_closed(sock: socket.socket) -> bytes:
 
 def test_abuse_is_refused_logged_and_never_stops_training(run):
     """Oversized, malformed, unauthenticated and silent peers, one after another."""
-    pid = run.info()["pid"]
+    pid = run.info().pid
     run.wait_step(5)
     rss_before = rss_kb(pid)
     step_before = run.last_step()
@@ -226,7 +226,7 @@ def test_abuse_is_refused_logged_and_never_stops_training(run):
     assert rss_kb(pid) - rss_before < 16 * 1024, "the engine buffered what it refused"
     assert run.last_step() > step_before + 5  # training went on throughout
     assert run.send("pause").ok  # and its owner still gets in
-    assert run.info()["status"] == "paused"
+    assert run.info().status == "paused"
 
 
 # -------------------------------------------------------------------- another user
@@ -289,7 +289,7 @@ def test_another_user_cannot_reach_a_real_engine(intruder, run):
     user, _, python = intruder
     info = run.info()
     token = rundir.read_token(run.run_dir)  # even knowing the secret does not help
-    out = as_user(user, python, info["socket"], token)
+    out = as_user(user, python, info.socket, token)
     assert out == f"CONNECT PermissionError {13}", out
     result = subprocess.run(["runuser", "-u", user, "--", python, "-c",
                              f"open({str(run.run_dir / 'token')!r}).read()"], capture_output=True, text=True)

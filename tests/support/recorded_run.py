@@ -104,7 +104,7 @@ def make_run(root: Path, steps: int = 500, status: str = "running", name: str = 
     With ``layers``, every 4th step also stores a per-parameter record of that many
     parameters, as the engine's flush does (names only in the first).
     """
-    run_dir = rundir.create(Path(root), name, {"argv": ["demo.py", "--lr", "3e-3"]})
+    run_dir = rundir.create(Path(root), name, argv=["demo.py", "--lr", "3e-3"])
     rng = random.Random(seed)
     start = time.time() - steps * 0.05 - 5
     rows = [demo_row(s, rng, start + 2 + s * 0.05) for s in range(1, steps + 1)]
@@ -213,8 +213,8 @@ class FakeEngine:
         self.status = Status(state="running", step=step, total_steps=TOTAL_STEPS)
         self._lock = threading.Lock()
         self._rng = random.Random(1)
-        welcome = Welcome(run_id=info["id"], run_dir=str(run_dir), pid=0, world_size=world_size)
-        self.server = Server(Path(info["socket"]), rundir.read_token(run_dir), welcome,
+        welcome = Welcome(run_id=info.id, run_dir=str(run_dir), pid=0, world_size=world_size)
+        self.server = Server(Path(info.socket), rundir.read_token(run_dir), welcome,
                              on_command=self._on_command, on_connect=lambda: [self.status])
 
     def __enter__(self) -> FakeEngine:

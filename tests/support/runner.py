@@ -51,9 +51,9 @@ class Run:
             [sys.executable, "-m", "ptdash.tui.cli", "--headless", "--run-dir", str(self.run_dir), *options,
              str(script), *args],
             cwd=tmp_path, stdout=self.out, stderr=subprocess.STDOUT, env=ENV, stdin=subprocess.DEVNULL)
-        wait_for(lambda: (self.run_dir / "run.json").exists() and self.info().get("status") == "running"
+        wait_for(lambda: (self.run_dir / "run.json").exists() and self.info().status == "running"
                  or self.proc.poll() is not None, 60, what="the engine to start")
-        self.client = Client(self.info()["socket"], rundir.read_token(self.run_dir), name="test")
+        self.client = Client(self.info().socket, rundir.read_token(self.run_dir), name="test")
         self.client.connect()
 
     def info(self) -> dict:
@@ -111,7 +111,7 @@ def engine_pid(run_dir: Path) -> int | None:
     so the process must carry this run dir in its environment before anyone kills it.
     """
     try:
-        pid = rundir.read_info(run_dir).get("pid")
+        pid = rundir.read_info(run_dir).pid
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if pid else []
     except (OSError, ValueError):
         return None

@@ -38,7 +38,7 @@ def test_load_history_reads_the_first_screen_first(tmp_path):
 
 
 def test_load_history_without_a_store(tmp_path):
-    run_dir = rundir.create(tmp_path, "fresh", {})
+    run_dir = rundir.create(tmp_path, "fresh")
     history = load_history(run_dir)
     assert history.series == {} and history.status.state == "starting"
 
@@ -105,7 +105,7 @@ def test_live_source_reports_disconnect_and_final_status(tmp_path):
     engine.server.stop()
     inbox.wait(lambda x: isinstance(x, Connection) and x.note == "engine disconnected")
     assert not source.can_control
-    rundir.update_info(run_dir, status="finished", exit_code=0, steps=100)
+    rundir.update_info(run_dir, status="finished", exit_code=0, step=100)
     final = inbox.wait(lambda x: isinstance(x, Status) and x.state == "finished")
     assert final.exit_code == 0 and final.step == 100
     source.close()

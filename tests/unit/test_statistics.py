@@ -13,13 +13,14 @@ from torch import nn
 from ptdash.doctor import WATCH_EVERY, WATCH_FIRST
 from ptdash.engine import Engine
 from ptdash.shared import rundir
+from ptdash.shared.config import RunConfig
 
 
 @pytest.fixture
 def engine(tmp_path):
     # skip: a non-finite step drops its update and training goes on (pause would wait for a dashboard).
-    config = {"update_ratio_every": 3, "on_anomaly": "skip"}
-    engine = Engine(rundir.create(tmp_path, "stats", {"config": config}), config)
+    config = RunConfig(update_ratio_every=3, on_anomaly="skip")
+    engine = Engine(rundir.create(tmp_path, "stats", config=config), config)
     engine.start()
     engine._stop.set()  # the test drains the recorder itself
     engine._flush_soon.set()

@@ -1,0 +1,231 @@
+"""A run's typed settings (``RunConfig``) and its metadata file, run.json (``RunInfo``).
+
+``RunConfig`` is what the ``ptdash`` command was asked for: the CLI builds it (so a bad
+value is refused before anything starts), run.json carries it, and the engine reads it.
+``RunInfo`` is run.json itself: one schema for its one writer (``rundir``) and every
+reader. Both validate in ``__post_init__``; ``from_json`` of a file written by another
+version keeps what it knows and drops the rest.
+
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .protocol import STATES
+
+ANOMALY_ACTIONS = ("pause", "skip", "warn")
+"""What a non-finite loss or gradient does: pause before the update, skip it, or only warn."""
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message is one line naming it."""
+
+
+def _positive(name: str, value: float | None, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _count(name: str, value: int | None, least: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{name} must be a whole number >= {least}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How ptdash instruments one run: the options given before the script."""
+
+    clip: float | None = None
+    """Gradient-clip norm to enforce from the first step (None: the script's own clipping)."""
+    lr_scale: float | None = None
+    """Factor on every param group's LR from the first step (None: 1, or the checkpoint's on resume)."""
+    checkpoint_every: int | None = None
+    """Save a checkpoint every this many steps."""
+    checkpoint_every_s: float | None = None
+    """Save a checkpoint every this many seconds."""
+    keep_last: int | None = None
+    """Keep only the newest this many step checkpoints (None: keep all)."""
+    resume: str | None = None
+    """Absolute path of a ptdash checkpoint to load at the first forward pass."""
+    on_anomaly: str = "pause"
+    """One of ANOMALY_ACTIONS."""
+    profile_steps: tuple[int, int] | None = None
+    """Optimizer steps ``(first, last)`` to profile with torch.profiler."""
+    memory_history: bool = False
+    """Record CUDA allocations for a snapshot on out-of-memory."""
+    update_ratio_every: int = 100
+    """Measure update/weight ratios every this many steps (0: never)."""
+    stall_seconds: float = 120.0
+    """Name a rank that makes no step for this long."""
+    detect_anomaly: bool = False
+    """Autograd anomaly detection, so a failing backward names its forward line."""
+    flush_interval: float = 0.25
+    """Seconds between the flusher's moves of step records to the store."""
+
+    def __post_init__(self) -> None:
+        _positive("clip", self.clip)
+        _positive("lr_scale", self.lr_scale)
+        _count("checkpoint_every", self.checkpoint_every, 1)
+        _positive("checkpoint_every_s", self.checkpoint_every_s)
+        _count("keep_last", self.keep_last, 1)
+        _count("update_ratio_every", self.update_ratio_every, 0)
+        _positive("stall_seconds", self.stall_seconds, allow_none=False)
+        _positive("flush_interval", self.flush_interval, allow_none=False)
+        if self.on_anomaly not in ANOMALY_ACTIONS:
+            raise ConfigError(f"on_anomaly must be one of {', '.join(ANOMALY_ACTIONS)}, got {self.on_anomaly!r}")
+        if self.resume is not None and not isinstance(self.resume, str):
+            raise ConfigError(f"resume must be a path, got {self.resume!r}")
+        if self.profile_steps is not None:
+            steps = tuple(self.profile_steps)
+            if len(steps) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps) \
+                    or not 1 <= steps[0] <= steps[1]:
+                raise ConfigError(f"profile_steps must be (first, last) with 1 <= first <= last, got {self.profile_steps!r}")
+            object.__setattr__(self, "profile_steps", steps)
+        for name in ("memory_history", "detect_anomaly"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    def to_json(self) -> dict:
+        """The JSON object run.json stores."""
+        out = dataclasses.asdict(self)
+        if self.profile_steps is not None:
+            out["profile_steps"] = list(self.profile_steps)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunConfig:
+        """The config in a JSON object; keys this version does not know are ignored.
+
+        Raises ConfigError when a known key has a value that cannot be used.
+        """
+        if not isinstance(data, dict):
+            raise ConfigError("the run's config must be a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        for name in ("stall_seconds", "flush_interval", "clip", "lr_scale", "checkpoint_every_s"):
+            if isinstance(values.get(name), int) and not isinstance(values[name], bool):
+                values[name] = float(values[name])
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ConfigError(f"bad config: {exc}") from None
+
+
+_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "list": list, "dict": dict}
+
+
+@dataclass
+class RunInfo:
+    """run.json: who a run is, where its files are, and how far it got.
+
+    Written only through ``rundir`` (created by the CLI, updated by the engine and the
+    launcher); read by every part that finds, lists, shows or steers runs.
+    """
+
+    id: str
+    """Short random id; names the control socket."""
+    name: str
+    run_dir: str
+    """Absolute path of the run dir."""
+    socket: str
+    """Path of the control socket."""
+    host: str = ""
+    user_uid: int | None = None
+    created: float = 0.0
+    status: str = "starting"
+    """One of STATES."""
+    argv: list = field(default_factory=list)
+    """The script (or ``-m module``) and its arguments."""
+    cwd: str = ""
+    python: str | None = None
+    config: RunConfig = field(default_factory=RunConfig)
+    git: str | None = None
+    """The commit of the script's repository, when it is in one."""
+    ptdash_version: str | None = None
+    pid: int | None = None
+    """The engine's process (rank 0's under DDP)."""
+    launcher_pid: int | None = None
+    """The process the CLI started: the engine itself, or the DDP launcher."""
+    nproc_per_node: int | None = None
+    started: float | None = None
+    """When the engine started (``time.time()``)."""
+    torch_version: str | None = None
+    start_step: int | None = None
+    """The step a resumed run continued from."""
+    world_size: int | None = None
+    step: int | None = None
+    """The newest completed step the engine reported."""
+    total_steps: int | None = None
+    """The step the run is known to end at (a scheduler's length), when known."""
+    paused_at: int | None = None
+    clip: float | None = None
+    """The live clip-norm override (None: the script's own clipping)."""
+    lr_scale: float | None = None
+    exit_code: int | None = None
+    ended: float | None = None
+    detail: str | None = None
+    """How the run ended, in one line (a crash's last line, the failed rank)."""
+    error: str | None = None
+    """Why the engine could not start."""
+    rank_failures: list | None = None
+    """``[{"rank", "exitcode"}]`` of the ranks that failed, first failure first."""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATES:
+            raise ConfigError(f"status must be one of {', '.join(STATES)}, got {self.status!r}")
+
+    @property
+    def ended_cleanly(self) -> bool:
+        return self.status in ("finished", "stopped")
+
+    def to_json(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["config"] = self.config.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunInfo:
+        """run.json's object as a RunInfo.
+
+        A field of the wrong type reads as missing (its default) rather than failing the
+        whole file, so a hand-edited or half-foreign run.json still lists and shows; a
+        file without the identifying fields raises ConfigError.
+        """
+        if not isinstance(data, dict):
+            raise ConfigError("run.json must hold a JSON object")
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            if f.name == "config":
+                try:
+                    values["config"] = RunConfig.from_json(value)
+                except ConfigError:
+                    pass
+                continue
+            base = str(f.type).split("|")[0].strip()
+            expected = _TYPES.get(base)
+            if value is None or expected is None or (isinstance(value, expected) and not (
+                    base in ("int", "float") and isinstance(value, bool))):
+                values[f.name] = float(value) if base == "float" and isinstance(value, int) else value
+        if values.get("status") not in STATES:
+            values.pop("status", None)
+        missing = [name for name in ("id", "name", "run_dir", "socket") if not isinstance(values.get(name), str)]
+        if missing:
+            raise ConfigError(f"run.json lacks {', '.join(missing)}")
+        return cls(**values)
+
+    @staticmethod
+    def fields() -> frozenset[str]:
+        """The names a writer may set."""
+        return frozenset(f.name for f in dataclasses.fields(RunInfo))
