@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 
 from ptdash.shared import rundir
-from ptdash.shared.store import STORE_NAME, StoreReader, StoreWriter
+from ptdash.shared.protocol import Event
+from ptdash.shared.reader import StoreReader
+from ptdash.shared.store import STORE_NAME, StoreWriter
 
 FLUSH_STEPS = 250
 """Steps per write: four flushes a second of a 1000 steps/s run."""
@@ -67,7 +69,8 @@ def build(root: Path, steps: int) -> tuple[Path, dict]:
         writer.write(rows=rows, extra=extra)
         rows_written += sum(len(r[2]) for r in rows) + sum(len(r[2]) for r in extra)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    writer.write(events=[(start, 0, "run", "started", {}), (start + steps * 0.001, steps, "run", "finished", {})])
+    writer.write(events=[Event(kind="run", step=0, wall=start, message="started"),
+                         Event(kind="run", step=steps, wall=start + steps * 0.001, message="finished")])
     writer.close()
     rundir.update_info(run_dir, status="finished", exit_code=0, pid=None, started=start,
                        ended=start + steps * 0.001, steps=steps, step=steps)

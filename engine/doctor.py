@@ -153,9 +153,9 @@ class Doctor:
             if key in self._reported:
                 return
             self._reported.add(key)
-        default_why, default_fix = rules.RULES.get(key, rules.RULES[rule])
-        self.engine.event("finding", f"{rule}: {what}", id=rule, what=what, why=why or default_why,
-                          fix=fix or default_fix, **data)
+        entry = rules.RULES.get(key, rules.RULES[rule])
+        self.engine.event("finding", f"{rule}: {what}", id=rule, what=what, why=why or entry.why,
+                          fix=fix or entry.fix, severity=entry.severity, **data)
 
     def _names(self, params: list, opt=None) -> list[str]:
         models = list(self.engine.hooks.models) or (checkpoint.find_models([opt]) if opt is not None else [])
@@ -479,7 +479,7 @@ class Doctor:
         forward = rules.anomaly_source(self._anomaly_trace) if self._anomaly_trace else None
         saved = (f"{inplace['tensor']}, output {inplace['output']} of {inplace['node']}, at version "
                  f"{inplace['version']} instead of {inplace['expected']}") if inplace else "a saved tensor"
-        fix = rules.RULES["inplace-autograd"][1] + ("" if forward else (
+        fix = rules.RULES["inplace-autograd"].fix + ("" if forward else (
             "; to name the forward op, rerun with `ptdash --detect-anomaly ...` (or call "
             "torch.autograd.set_detect_anomaly(True) at the top of the script)"))
         self.report("inplace-autograd", f"backward() at {rules.quoted(source)} failed: a tensor it needed ({saved}) "

@@ -21,72 +21,85 @@ import sysconfig
 import threading
 import weakref
 from collections import Counter
+from typing import NamedTuple
 
 import torch
 
-RULES: dict[str, tuple[str, str]] = {
-    "grads-never-cleared": (
+
+class Rule(NamedTuple):
+    """One entry of the doctor's catalogue."""
+
+    severity: str
+    """``error`` (the run is wrong), ``warning`` (slow or fragile) or ``info`` (worth a look)."""
+    why: str
+    """Why the finding matters."""
+    fix: str
+    """What to do about it."""
+
+
+RULES: dict[str, Rule] = {
+    "grads-never-cleared": Rule("error",
         "backward() adds to .grad instead of replacing it, so each update uses the sum of all gradients "
         "since the start: the steps grow every iteration and training diverges or stalls",
         "call optimizer.zero_grad() once per optimizer step, before backward() or right after step(); for "
         "gradient accumulation, zero once every N micro-batches, right after step()"),
-    "zero-grad-before-step": (
+    "zero-grad-before-step": Rule("error",
         "the gradients of this step are thrown away before the update, so the optimizer changes nothing (or "
         "only applies weight decay and momentum) and the model does not learn",
         "clear gradients before backward(), never between backward() and step(): zero_grad() -> forward -> "
         "backward() -> step() (or backward() -> step() -> zero_grad())"),
-    "train-in-eval-mode": (
+    "train-in-eval-mode": Rule("error",
         "in eval mode Dropout does nothing and BatchNorm normalises with its running statistics instead of "
         "the batch's and stops updating them: training loses its regularisation and BatchNorm never adapts",
         "call model.train() before the training loop and again after every evaluation (model.eval() and "
         "torch.no_grad() to evaluate, then model.train())"),
-    "never-learns": (
+    "never-learns": Rule("error",
         "they take no part in computing the loss (a layer defined but never called, a branch never taken, an "
         "output that is .detach()ed), so they never change; under DistributedDataParallel they raise "
         "'Expected to have finished reduction in the prior iteration' unless find_unused_parameters=True",
         "remove the unused layers or use them in forward(); if they are used only on some steps under DDP, "
         "pass find_unused_parameters=True"),
-    "never-learns/frozen": (
+    "never-learns/frozen": Rule("info",
         "frozen parameters never get a gradient, so the optimizer never updates them: if they were meant to "
         "train, they stay at their initial values; if they were meant to be frozen, the optimizer holds "
         "them for nothing",
         "to train them, set requires_grad=True before training; to freeze them, build the optimizer from "
         "[p for p in model.parameters() if p.requires_grad] (ignore this if you unfreeze them later on purpose)"),
-    "inplace-autograd": (
+    "inplace-autograd": Rule("error",
         "autograd keeps some forward tensors to compute gradients; an in-place op (x += y, x.relu_(), "
         "x[i] = v, x.mul_(), an inplace=True activation) overwrote one of them before backward() used it",
         "use the out-of-place form on that tensor (x = x + y, F.relu(x), inplace=False) or .clone() it before "
         "modifying it"),
-    "host-syncs": (
+    "host-syncs": Rule("warning",
         "each sync makes the CPU wait until the GPU has finished all queued work, so the CPU cannot queue the "
         "next kernels ahead and the GPU idles between steps",
         "keep values on the GPU and call .item()/.cpu() only on logging steps; do not print tensors or branch "
         "on their values every step; copy batches with pin_memory=True and .to(device, non_blocking=True)"),
-    "sampler-no-set-epoch": (
+    "sampler-no-set-epoch": Rule("warning",
         "the sampler seeds its shuffle with seed + epoch, so without set_epoch() every epoch visits the data "
         "in exactly the same order on every rank",
         "call sampler.set_epoch(epoch) at the start of each epoch, before iterating the DataLoader"),
-    "dataparallel": (
+    "dataparallel": Rule("warning",
         "DataParallel is one process with a thread per GPU: it copies the model to every GPU on each forward, "
         "gathers outputs and gradients on GPU 0 (which runs out of memory first) and is bound by the GIL; "
         "DistributedDataParallel is faster even on one machine",
         "use DistributedDataParallel, one process per GPU: init_process_group, DDP(model, "
         "device_ids=[local_rank]), a DistributedSampler, and launch with torchrun --nproc-per-node N train.py"),
-    "input-bound": (
+    "input-bound": Rule("warning",
         "the training loop itself loads and collates every batch while the model waits",
         "; if that is not enough, make __getitem__ cheaper (decode or preprocess once, cache)"),
-    "lr-zero": (
+    "lr-zero": Rule("error",
         "with a learning rate of 0 the update is zero, so those parameters do not learn; usually a scheduler "
         "whose factor is 0 (a warmup that never rises, a decay that already ended) or lr=0 in a param group",
         "check optimizer.param_groups[i]['lr'] after building the scheduler, and the scheduler's lambda or "
         "warmup length"),
-    "loss-plateau": (
+    "loss-plateau": Rule("info",
         "the model has stopped learning: the learning rate may be too low (or so high that it oscillates) or "
         "decayed to ~0, the model may be too small, or the labels may not match the inputs",
         "try other learning rates (the dashboard's LR factor key 'l' changes it live), check the schedule and "
         "that labels match inputs; if it has converged, stop early and save the compute"),
 }
-"""Rule id (or ``id/case``) -> (why it matters, the fix)."""
+"""Rule id (or ``id/case``) -> its severity, why it matters and the fix: the doctor's one catalogue."""
 
 # ------------------------------------------------------------------------ source lines
 
@@ -286,7 +299,7 @@ class DataWatch:
         source = caller()
         n = len(getattr(dp, "device_ids", None) or [])
         inner = type(getattr(dp, "module", dp)).__name__
-        why = RULES["dataparallel"][0] + ("; with fewer than two GPUs it only adds a wrapper" if n < 2 else "")
+        why = RULES["dataparallel"].why + ("; with fewer than two GPUs it only adds a wrapper" if n < 2 else "")
         gpus = "no GPU" if n == 0 else f"{n} GPU" + ("s" if n > 1 else "")
         self._report("dataparallel", f"nn.DataParallel wraps {inner} at {quoted(source)} ({gpus})",
                      why=why, source=source, module=inner, devices=n)
@@ -299,12 +312,12 @@ class DataWatch:
         if workers >= 2 and (pinned or not cuda):
             return  # the generic monitor hint covers a loader that is already parallel
         changes = [f"num_workers={min(8, max(2, (_cpus() or 2) - 1))}", "persistent_workers=True"] if workers < 2 else []
-        why = RULES["input-bound"][0] if workers == 0 else f"{workers} worker cannot keep up with the model"
+        why = RULES["input-bound"].why if workers == 0 else f"{workers} worker cannot keep up with the model"
         if cuda and not pinned:
             changes.append("pin_memory=True")
             why += "; without pinned memory, copies to the GPU cannot overlap compute"
         fix = (f"DataLoader(..., {', '.join(changes)})" + (" and .to(device, non_blocking=True)" if cuda and not pinned
-                                                           else "") + RULES["input-bound"][1])
+                                                           else "") + RULES["input-bound"].fix)
         self._report("input-bound",
                      f"{share:.0%} of each step waits for data (median of {steps} steps) and the DataLoader"
                      + (f" made at {quoted(source)}" if source else "")

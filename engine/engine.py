@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -29,7 +30,8 @@ from .monitor import Monitor
 from .recorder import Recorder
 from .shared import rundir
 from .shared.config import RunConfig
-from .shared.protocol import Ack, Command, Event, Layers, Metrics, Status, Welcome
+from .shared.numbers import json_safe
+from .shared.protocol import Ack, Command, Event, LayerNames, Layers, Metrics, Status, Welcome, from_dict, to_dict
 from .shared.store import STORE_NAME, StoreWriter
 from .shared.transport import Server
 
@@ -63,7 +65,7 @@ class Engine:
         self.total_steps: int | None = None
         self.exit_code: int | None = None
         self.detail = ""
-        self._events: list[tuple] = []
+        self._events: list[Event] = []
         self.user_values: dict = {}
         """Values given to ``ptdash.log`` since the previous step."""
         self._lock = threading.Lock()
@@ -81,6 +83,8 @@ class Engine:
         self._layer_names: list[str] = []
         self._layer_shapes: list[list[int]] = []
         self._sent_names: list[str] | None = None
+        self.layer_names: LayerNames | None = None
+        """The parameter names the latest Layers messages follow (sent to each new dashboard)."""
         self._started = self._last_layer_record = time.monotonic()
         self._rank_progress: dict[int, tuple[int, float]] = {}
         self._stalled: set[int] = set()
@@ -92,7 +96,11 @@ class Engine:
                 Path(self.info.socket), rundir.read_token(self.run_dir),
                 Welcome(run_id=self.info.id, run_dir=str(self.run_dir), pid=os.getpid(),
                         world_size=self.dist.world_size),
-                on_command=self.controls.submit, on_connect=lambda: [self.status()])
+                on_command=self.controls.submit, on_connect=self._greeting)
+
+    def _greeting(self) -> list:
+        """What a dashboard gets after the Welcome: the status, and the parameter names."""
+        return [self.status()] + ([self.layer_names] if self.layer_names is not None else [])
 
     def _publish(self, msg) -> None:
         if self.server is not None:
@@ -196,9 +204,10 @@ class Engine:
 
     def event(self, kind: str, message: str, **data) -> None:
         """Journal an event (stored at the next flush) and publish it now."""
-        ev = Event(kind=kind, step=self.hooks.step, wall=time.time(), message=message, data=data)
+        ev = Event(kind=kind, step=self.hooks.step, wall=time.time(), message=message, data=json_safe(data)[0],
+                   rank=self.dist.rank)
         with self._lock:
-            self._events.append((ev.wall, ev.step, ev.kind, ev.message, ev.data))
+            self._events.append(ev)
         self._publish(ev)
 
     # -------------------------------------------------- effects used by Controls
@@ -306,7 +315,7 @@ class Engine:
         optimizers = self.hooks.live(self.hooks.optimizers)
         if not self.hooks.models and optimizers:
             self.hooks.set_models(checkpoint.find_models(optimizers))
-        journal = [e for e in self._journal() if e["kind"] == "command"]
+        journal = [to_dict(e) for e in self._journal() if e.kind == "command"]
         obj = checkpoint.build(
             step, self.hooks.models, optimizers, self.hooks.top_schedulers(),
             self.hooks.live(self.hooks.scalers),
@@ -345,8 +354,8 @@ class Engine:
                     report["snapshot"] = str(path)
             self.event("oom", "out of memory: " + "; ".join(report["remedies"]), **report)
 
-    def _journal(self) -> list[dict]:
-        from .shared.store import StoreReader
+    def _journal(self) -> list[Event]:
+        from .shared.reader import StoreReader
 
         try:
             with StoreReader(self.run_dir / STORE_NAME) as reader:
@@ -453,7 +462,7 @@ class Engine:
         for kind, message, data in self.monitor.check_rows(rows):
             self.event(kind, message, **data)
         self._deferred_anomaly(rows)
-        layers_msg, blobs = None, []
+        layers_msg, records = None, []
         if layer_rows:
             last = layer_rows[-1]
             names = self._names_for(last.params)
@@ -465,22 +474,23 @@ class Engine:
             for kind, message, data in findings:
                 self.event(kind, message, **data)
             ratios = next((r.update_ratios for r in reversed(layer_rows) if r.update_ratios is not None), None)
-            layers_msg = Layers(step=last.step, grad_norms=last.grad_norms, update_ratios=ratios, flags=flags,
-                                names=names if fresh else None, shapes=self._layer_shapes if fresh else None)
+            layers_msg = Layers(step=last.step, grad_norms=last.grad_norms, update_ratios=ratios, flags=flags)
             self._sent_names = names
+            if fresh:
+                self.layer_names = LayerNames(step=last.step, names=names, shapes=self._layer_shapes)
+                records.append(self.layer_names)
+                self._publish(self.layer_names)
             if fresh or self._layer_record_due():
-                blobs.append(("layers", last.step, _json_bytes(
-                    {"names": names if fresh else None, "shapes": self._layer_shapes if fresh else None,
-                     "grad_norms": last.grad_norms, "update_ratios": ratios, "flags": flags})))
+                records.append(layers_msg)
         with self._lock:
             events, self._events = self._events, []
         extra = [system_row] if system_row else []
         if not self.primary:
             if rows or events or extra:
-                self.dist.push({"rows": rows, "events": events, "extra": extra})
+                self.dist.push({"rows": rows, "events": [to_dict(e) for e in events], "extra": extra})
             return
-        if rows or events or blobs or extra:
-            self.store.write(rows=rows, events=events, blobs=blobs, extra=extra)
+        if rows or events or records or extra:
+            self.store.write(rows=rows, events=events, layers=records, extra=extra)
         if rows or extra:
             self._publish(Metrics(rows=rows + extra))
         if layers_msg is not None:
@@ -494,10 +504,10 @@ class Engine:
         if own_rows:
             self._rank_progress[0] = (own_rows[-1][0], now)
         for rank, payload in self.dist.pull():
-            events = [(w, s, k, f"rank {rank}: {m}", d) for w, s, k, m, d in payload["events"]]
+            events = [replace(e, rank=rank) for e in map(from_dict, payload["events"]) if isinstance(e, Event)]
             self.store.write(rows=payload["rows"], rank=rank, events=events, extra=payload["extra"])
-            for wall, step, kind, message, data in events:
-                self._publish(Event(kind=kind, step=step, wall=wall, message=message, data={**data, "rank": rank}))
+            for event in events:
+                self._publish(event)
             if payload["rows"] or payload["extra"]:
                 self._publish(Metrics(rows=payload["rows"] + payload["extra"], rank=rank))
             if payload["rows"]:
@@ -510,7 +520,7 @@ class Engine:
             if now - since > limit and rank not in self._stalled:
                 self._stalled.add(rank)
                 self.event("anomaly", f"rank {rank} stalled: no step for {now - since:.0f} s (at step {step})",
-                           rank=rank, step=step)
+                           stalled_rank=rank, step=step)
 
     def _layer_record_due(self) -> bool:
         """Per-layer history is stored once a second for ten minutes, then every ten seconds:
@@ -552,8 +562,3 @@ class Engine:
             self._layer_key = key
         return self._layer_names
 
-
-def _json_bytes(obj) -> bytes:
-    import json
-
-    return json.dumps(obj, separators=(",", ":")).encode()

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from .shared import rundir
+from .shared.protocol import Event
 from .shared.store import STORE_NAME, StoreWriter
 
 
@@ -66,8 +67,8 @@ def _record_failure(run_dir: Path, detail: str, failures: list[tuple[int, int]])
     writer = StoreWriter(run_dir / STORE_NAME)
     try:
         step = info.step or 0
-        writer.write(events=[(time.time(), step, "run", f"crashed: {detail}",
-                              {"failures": [{"rank": r, "exitcode": c} for r, c in failures]})])
+        writer.write(events=[Event(kind="run", step=step, wall=time.time(), message=f"crashed: {detail}",
+                                   data={"failures": [{"rank": r, "exitcode": c} for r, c in failures]})])
     finally:
         writer.close()
     rundir.unregister(info.id)

@@ -11,6 +11,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from .shared.numbers import ema
+
 
 @dataclass(frozen=True)
 class Thresholds:
@@ -34,11 +36,6 @@ class Thresholds:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value}")
-
-
-def ema(previous: float | None, value: float, alpha: float) -> float:
-    """Exponential moving average; the first value starts it."""
-    return value if previous is None else previous + alpha * (value - previous)
 
 
 class Monitor:

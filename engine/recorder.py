@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .shared.protocol import finite_or_none
+from .shared.numbers import finite_or_none
 
 STEP_RECORD = ("step", "wall", "losses", "total", "layers", "params", "clip_max", "lrs", "times", "samples",
                "update_ratios", "user")

@@ -18,7 +18,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from ptdash.shared.protocol import ENDED, Ack, Command, Event, Layers, Metrics, Status
+from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Status
 
 from . import findings, profile, ranks, system
 from .messages import SourceUpdate
@@ -128,6 +128,8 @@ class DashboardApp(App[str]):
                 self.state.add_metrics(obj)
             elif isinstance(obj, Layers):
                 self.state.add_layers(obj)
+            elif isinstance(obj, LayerNames):
+                self.state.add_layer_names(obj)
             elif isinstance(obj, Status):
                 controls_changed |= self._apply_status(obj, new_events)
             elif isinstance(obj, Ack):
@@ -171,6 +173,8 @@ class DashboardApp(App[str]):
             state.get(name).extend(steps, values)
         self._merge_ranks(history.ranks)
         state.add_walls(*history.walls)
+        if history.layer_names is not None:
+            state.add_layer_names(history.layer_names)
         for layers in history.layers:
             state.add_layers(layers)
         for event in history.events[:-HISTORY_EVENTS]:

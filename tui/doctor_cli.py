@@ -7,15 +7,17 @@ raised. Exit status: 0 without findings, 1 with findings or on an error, 2 on ba
 
 from __future__ import annotations
 
-import re
 import shutil
 import sqlite3
 import sys
 import textwrap
 
-from ptdash.shared.store import STORE_NAME, StoreError, StoreReader
+from ptdash.shared.protocol import Event
+from ptdash.shared.reader import StoreReader
+from ptdash.shared.store import STORE_NAME, StoreError
 
 from . import runs
+from .findings import Findings
 
 USAGE = "usage: ptdash doctor [RUN]"
 HELP = f"""{USAGE}
@@ -24,9 +26,6 @@ Print what the training doctor found in a run: silent bugs such as gradients nev
 cleared, training in eval mode, parameters that never learn, a zero learning rate.
 RUN is a run dir, or part of a run's name or id; default: the newest run.
 Exit status: 0 when there are no findings, 1 when there are (or on an error)."""
-
-_RANK = re.compile(r"^rank (\d+): ")
-
 
 def cmd_doctor(argv: list[str]) -> int:
     """Print a run's findings; see the module docstring for the exit status."""
@@ -51,35 +50,30 @@ def cmd_doctor(argv: list[str]) -> int:
     return 1 if count else 0
 
 
-def render(title: str, events: list[dict], width: int = 100) -> tuple[str, int]:
+def render(title: str, events: list[Event], width: int = 100) -> tuple[str, int]:
     """The report for a run's events, and its number of findings.
 
-    A finding raised by several ranks of a DDP run is shown once, naming the ranks.
+    A finding raised by several ranks of a DDP run is shown once, naming the ranks (the
+    same fold as the Doctor tab's).
     """
-    findings: dict[tuple, tuple[dict, list[int]]] = {}
+    folded = Findings()
     for event in events:
-        if event["kind"] != "finding" or not isinstance(event.get("data"), dict):
-            continue
-        data = event["data"]
-        match = _RANK.match(event.get("message") or "")
-        rank = int(match.group(1)) if match else 0
-        key = (data.get("id"), data.get("case"))
-        if key in findings:
-            findings[key][1].append(rank)
-        else:
-            findings[key] = ({**data, "step": data.get("step", event.get("step"))}, [rank])
-    noun = "finding" if len(findings) == 1 else "findings"
-    lines = [f"ptdash doctor: {title}: " + (f"{len(findings)} {noun}" if findings else "no findings")]
-    for number, (data, ranks) in enumerate(findings.values(), 1):
-        where = [f"step {data['step']}" if data.get("step") else "", data.get("source") or "",
-                 f"ranks {', '.join(map(str, sorted(set(ranks))))}" if len(set(ranks)) > 1 else ""]
+        if event.kind == "finding":
+            folded.add(event)
+    found = folded.newest_first()[::-1]
+    noun = "finding" if len(found) == 1 else "findings"
+    lines = [f"ptdash doctor: {title}: " + (f"{len(found)} {noun}" if found else "no findings")]
+    for number, finding in enumerate(found, 1):
+        ranks = sorted(set(finding.ranks))
+        where = [f"step {finding.step}" if finding.step else "", finding.source or "",
+                 f"ranks {', '.join(map(str, ranks))}" if len(ranks) > 1 else ""]
         where = ", ".join(w for w in where if w)
-        lines += ["", f"{number}. {data.get('id', '?')}" + (f"  ({where})" if where else "")]
-        for label in ("what", "why", "fix"):
-            lines += textwrap.wrap(str(data.get(label) or ""), width=width, initial_indent=f"   {label}: ",
+        lines += ["", f"{number}. {finding.id}" + (f"  ({where})" if where else "")]
+        for label, text in (("what", finding.what), ("why", finding.why), ("fix", finding.fix)):
+            lines += textwrap.wrap(text, width=width, initial_indent=f"   {label}: ",
                                    subsequent_indent=" " * 8, break_on_hyphens=False) or [f"   {label}: -"]
-    warnings = [e for e in events if e["kind"] == "warning" and (e.get("data") or {}).get("origin") == "python"]
+    warnings = [e for e in events if e.kind == "warning" and e.data.get("origin") == "python"]
     if warnings:
         lines += ["", f"Python warnings the script raised ({len(warnings)}, each shown once):"]
-        lines += ["   " + textwrap.shorten(e["message"], width=width - 3, placeholder=" ...") for e in warnings]
-    return "\n".join(lines), len(findings)
+        lines += ["   " + textwrap.shorten(e.message, width=width - 3, placeholder=" ...") for e in warnings]
+    return "\n".join(lines), len(found)

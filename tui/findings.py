@@ -1,15 +1,14 @@
 """What the Doctor tab shows: the training doctor's findings, newest first.
 
 The engine raises each finding once, as an Event of kind ``finding`` whose data holds a
-stable rule ``id``, ``what`` was seen, ``why`` it matters and the ``fix`` (and maybe
-``step``, ``module``, ``source``, ``case``). Under DDP every rank may raise the same one;
-rank 0 stores the others' as "rank R: ..." messages, and they are shown once, naming the
-ranks. Pure (no Textual): ``Findings`` folds events, ``report`` draws them.
+stable rule ``id``, ``what`` was seen, ``why`` it matters, the ``fix`` and its ``severity``
+(and maybe ``step``, ``module``, ``source``, ``case``). Under DDP every rank may raise the
+same one; it is shown once, naming the ranks. Pure (no Textual): ``Findings`` folds
+events (for this tab and for ``ptdash doctor``), ``report`` draws them.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,24 +16,14 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ptdash.shared.protocol import Event
+
 if TYPE_CHECKING:
     from .state import RunState
-
-SEVERITY = {
-    "grads-never-cleared": "error", "zero-grad-before-step": "error", "train-in-eval-mode": "error",
-    "inplace-autograd": "error", "lr-zero": "error", "never-learns": "error",
-    "sampler-no-set-epoch": "warning", "host-syncs": "warning", "input-bound": "warning", "dataparallel": "warning",
-    "never-learns/frozen": "info", "loss-plateau": "info",
-}
-"""How bad each rule is (``id`` or ``id/case``): ``error`` (the run is wrong), ``warning``
-(slow or fragile), ``info`` (worth a look). The engine may send its own ``severity``."""
 
 SEVERITY_STYLES = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 
 EMPTY = "No findings: none of the doctor's checks fired."
-
-_RANK = re.compile(r"^rank (\d+): ")
-
 
 @dataclass
 class Finding:
@@ -53,12 +42,10 @@ class Finding:
     ranks: list[int] = field(default_factory=list)
 
 
-def severity(rule: str, case: str | None, data: dict) -> str:
-    """The finding's severity: the engine's when it sent one, else the rule's."""
+def severity(data: dict) -> str:
+    """The severity the engine's catalogue gave the finding (``warning`` when it gave none)."""
     given = data.get("severity")
-    if given in SEVERITY_STYLES:
-        return given
-    return SEVERITY.get(f"{rule}/{case}", SEVERITY.get(rule, "warning"))
+    return given if given in SEVERITY_STYLES else "warning"
 
 
 class Findings:
@@ -72,10 +59,9 @@ class Findings:
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def add(self, message: str, data: dict, step: int | None, wall: float) -> Finding | None:
+    def add(self, event: Event) -> Finding | None:
         """Fold one ``finding`` event in; the Finding when it is new, None for a repeat."""
-        match = _RANK.match(message or "")
-        rank = int(match.group(1)) if match else 0
+        message, data, step, wall, rank = event.message, event.data, event.step, event.wall, event.rank
         rule = str(data.get("id") or (message or "?").partition(":")[0])
         case = data.get("case")
         key = (rule, case)
@@ -89,7 +75,7 @@ class Findings:
         at = data.get("step", step)
         found = self._by_key[key] = Finding(
             id=rule, what=what, why=str(data.get("why") or ""), fix=str(data.get("fix") or ""),
-            severity=severity(rule, case, data), step=at if isinstance(at, int) else None, wall=wall,
+            severity=severity(data), step=at if isinstance(at, int) else None, wall=wall,
             case=case if isinstance(case, str) else None,
             source=str(data["source"]) if data.get("source") else None,
             module=str(data["module"]) if data.get("module") else None, ranks=[rank])

@@ -12,7 +12,7 @@ import re
 from collections import deque
 from dataclasses import dataclass
 
-from ptdash.shared.protocol import Layers
+from ptdash.shared.protocol import LayerNames, Layers
 
 HISTORY = 300
 """Grad-norm values kept per parameter (about 75 s of flushes at 4 a second)."""
@@ -85,22 +85,34 @@ class LayerStats:
         self.step: int | None = None
         self.version = 0
         self._modules: dict[str, list[int]] | None = None
+        self._numbered = False
+        """Whether the names are placeholders, given before the real ones arrived."""
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def set_names(self, msg: LayerNames) -> None:
+        """Take the names of the parameters that the following records describe."""
+        names = [str(n) for n in msg.names]
+        shapes = list(msg.shapes) if len(msg.shapes) == len(names) else None
+        if self._numbered and len(names) == len(self.names):
+            # Records arrived before their names: the same parameters, now named.
+            self.names, self._modules = names, None
+            self.shapes = shapes or self.shapes
+        else:
+            self._rename(names, shapes)
+        self._numbered = False
+        self.version += 1
 
     def add(self, msg: Layers) -> None:
         """Fold one message in (older steps than the newest are ignored)."""
         if self.step is not None and msg.step <= self.step:
             return
         count = len(msg.grad_norms)
-        if msg.names is not None and len(msg.names) == count:
-            self._rename(list(msg.names), msg.shapes)
-        elif count != len(self.names):
+        if count != len(self.names):
             # Names not known (yet) for this parameter list: number them.
             self._rename([f"param{i}" for i in range(count)], None)
-        elif msg.shapes is not None and len(msg.shapes) == count:
-            self.shapes = list(msg.shapes)
+            self._numbered = True
         self.step = msg.step
         self.steps.append(msg.step)
         for buffer, norm in zip(self.norms, msg.grad_norms):

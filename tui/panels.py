@@ -10,8 +10,10 @@ import re
 
 from rich.text import Text
 
+from ptdash.shared.numbers import ema_series
+
 from .chart import Chart, Line
-from .state import RunState, ema, fmt_si
+from .state import RunState, fmt_si
 
 LOSS_ALPHA = 0.05
 """EMA weight of each new loss value in the smoothed line."""
@@ -37,7 +39,7 @@ def loss(state: RunState) -> tuple[Text, Chart]:
     series = state.series.get("loss")
     if series is None or not series.steps:
         return Text("no loss yet", "dim"), Chart()
-    smooth = ema(series.values, LOSS_ALPHA, series.steps)
+    smooth = ema_series(series.values, LOSS_ALPHA, series.steps)
     last_smooth = next((v for v in reversed(smooth) if v is not None), None)
     legend = _join([_value("", series.latest(), "bold"), _value("ema", last_smooth, "bold bright_cyan")])
     if series.latest() is None:
@@ -102,7 +104,7 @@ def speed(state: RunState) -> tuple[Text, Chart]:
     if samples is not None and samples.steps:
         legend = _value("", samples.latest(), "bold green", 3)
         legend.append(" samples/s", "dim")
-        smooth = ema(samples.values, LOSS_ALPHA, samples.steps)
+        smooth = ema_series(samples.values, LOSS_ALPHA, samples.steps)
         return legend, Chart([Line(samples.steps, samples.values, "green4"),
                               Line(samples.steps, smooth, "bright_green")])
     if step_s is not None and step_s.steps:

@@ -10,7 +10,8 @@ from pathlib import Path
 from ptdash.shared import rundir
 from ptdash.shared.config import RunInfo
 from ptdash.shared.protocol import ENDED
-from ptdash.shared.store import STORE_NAME, StoreError, StoreReader
+from ptdash.shared.reader import StoreReader
+from ptdash.shared.store import STORE_NAME, StoreError
 
 LS_STATES = {"running": "live", "starting": "starting", "pausing": "paused", "paused": "paused",
              "stopping": "stopping"}

@@ -4,7 +4,7 @@ Plain classes and threads, no Textual: a source is started with a ``post(obj)`` 
 and calls it from its own thread with what it learns, in order:
 
 - one ``History`` (everything the store held when the source looked),
-- then live protocol messages (``Metrics``, ``Status``, ``Ack``, ``Event``, ``Layers``),
+- then live protocol messages (``Metrics``, ``Status``, ``Ack``, ``Event``, ``LayerNames``, ``Layers``),
   ``Backfill`` (rows read back from the store to fill a gap in the live stream),
   ``LogLines`` (new lines of the script's output.log), ``RunInfo`` (run.json changed)
   and ``Connection`` (the link to the engine came up, went down, or never will).
@@ -15,7 +15,6 @@ The app must treat ``post`` as called from a foreign thread.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import queue
 import threading
@@ -25,8 +24,9 @@ from pathlib import Path
 from typing import Callable
 
 from ptdash.shared import rundir
-from ptdash.shared.protocol import ENDED, STATES, Ack, Command, Event, Layers, Metrics, Status
-from ptdash.shared.store import STORE_NAME, StoreError, StoreReader
+from ptdash.shared.protocol import ENDED, STATES, Ack, Command, Event, LayerNames, Layers, Metrics, Status
+from ptdash.shared.reader import StoreReader
+from ptdash.shared.store import STORE_NAME, StoreError
 from ptdash.shared.transport import Client, TransportError
 
 from .state import rank_wants
@@ -72,14 +72,16 @@ class History:
     series: dict[str, tuple[list[int], list[float | None]]]
     walls: tuple[list[int], list[float]]
     """(steps, wall times) of rank 0, for elapsed time and steps/s."""
-    events: list[dict]
+    events: list[Event]
     status: Status | None
     """The status the files describe (None before the engine wrote any)."""
     meta: dict = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)
     """Series left out to show the charts sooner; a Backfill with them follows."""
     layers: list[Layers] = field(default_factory=list)
-    """The newest stored per-parameter records, oldest first; the first carries names."""
+    """The newest stored per-parameter records, oldest first."""
+    layer_names: LayerNames | None = None
+    """The parameter names those records follow."""
     ranks: dict[int, dict[str, tuple[list[int], list[float | None]]]] = field(default_factory=dict)
     """Per rank above 0, the series the Ranks tab reads (decimated to RANK_POINTS)."""
 
@@ -210,7 +212,6 @@ class LiveSource(Source):
         self._pending: list[str] = []
         self._last_event_id = 0
         self._backfilled_events: set[tuple[float, str]] = set()
-        self._layer_count = 0
         self._rank_last: dict[tuple[int, str], int] = {}
         self._world_size: int | None = None
         self.can_control = False
@@ -256,9 +257,7 @@ class LiveSource(Source):
             self._remember_ranks(history.ranks)
             self._world_size = world_size(history.info, history.meta) or max(history.ranks, default=-1) + 1 or None
             self._pending = list(history.pending)
-            self._last_event_id = max((e["id"] for e in history.events), default=0)
-            if history.layers:
-                self._layer_count = len(history.layers[-1].grad_norms)
+            self._last_event_id = max((e.id for e in history.events), default=0)
             post(history)
             lines = tail.read()
             if lines:
@@ -330,8 +329,8 @@ class LiveSource(Source):
                 msg = self._filter(msg)
                 if msg is not None:
                     post(msg)
-            elif isinstance(msg, Layers):
-                post(self._named(msg))
+            elif isinstance(msg, (Layers, LayerNames)):
+                post(msg)
             elif isinstance(msg, Event):
                 if (msg.wall, msg.message) not in self._backfilled_events:
                     post(msg)
@@ -368,24 +367,6 @@ class LiveSource(Source):
                 rows.append([step, wall, kept])
                 self._last_wall_step = max(self._last_wall_step, step)
         return Metrics(rows=rows, rank=msg.rank, dropped=msg.dropped) if rows else None
-
-    def _named(self, msg: Layers) -> Layers:
-        """``msg`` with its parameter names when the dashboard does not know them yet.
-
-        The engine sends names once (and when they change), so a dashboard that attached
-        between its history read and a change finds the names in the store.
-        """
-        count = len(msg.grad_norms)
-        if msg.names is not None or count == self._layer_count:
-            self._layer_count = count
-            return msg
-        self._layer_count = count  # one look per new parameter list, found or not
-        try:
-            with StoreReader(self.run_dir / STORE_NAME) as reader:
-                names = stored_names(reader, msg.step)
-        except StoreError:
-            return msg
-        return replace(msg, names=names) if names is not None and len(names) == count else msg
 
     def _fill_gaps(self, post: Post) -> None:
         """Read dropped steps back from the store; retry a gap until the store has it."""
@@ -469,8 +450,7 @@ class LiveSource(Source):
                 rows = reader.events(after_id=self._last_event_id)
         except StoreError:
             return []
-        events = [Event(kind=e["kind"], step=e["step"] or 0, wall=e["wall"], message=e["message"], data=e["data"])
-                  for e in rows]
+        events = rows
         self._backfilled_events = {(e.wall, e.message) for e in events}
         return events
 
@@ -534,10 +514,11 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
     info = _read_info(run_dir) or {}
     series: dict[str, tuple[list[int], list[float | None]]] = {}
     walls: tuple[list[int], list[float]] = ([], [])
-    events: list[dict] = []
+    events: list[Event] = []
     meta: dict = {}
     pending: list[str] = []
     layers: list[Layers] = []
+    names: LayerNames | None = None
     ranks: dict[int, dict] = {}
     damage: StoreError | None = None
     try:
@@ -557,16 +538,17 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
             walls = reader.walls(after_step=None if last is None else last - HISTORY_WALLS)
             events = reader.events()
             meta = reader.meta()
-            layers = load_layers(reader)
+            layers = reader.layers(limit=LAYER_FLUSHES)
+            names = reader.layer_names(layers[-1].step) if layers else None
             size = world_size(info, meta)
             ranks = load_ranks(reader, range(1, size) if size else [r for r in reader.ranks() if r != 0])
             damage = reader.damage
     if damage is not None:  # shown in the events pane: what was read, and where it stopped
-        events.append(dict(id=0, wall=time.time(), step=None, kind="warning", message=str(damage), data={}))
+        events.append(Event(kind="warning", step=None, wall=time.time(), message=str(damage)))
     last_step = walls[0][-1] if walls[0] else None
     status = status_from_files(info, last_step) if info else None
     return History(info=info, series=series, walls=walls, events=events, status=status, meta=meta,
-                   pending=pending, layers=layers, ranks=ranks)
+                   pending=pending, layers=layers, layer_names=names, ranks=ranks)
 
 
 def world_size(info: dict, meta: dict) -> int | None:
@@ -595,56 +577,6 @@ def load_ranks(reader: StoreReader, ranks, after: dict[tuple[int, str], int] | N
         if own:
             out[rank] = own
     return out
-
-
-def load_layers(reader: StoreReader, limit: int = LAYER_FLUSHES) -> list[Layers]:
-    """The newest ``limit`` stored per-parameter records as Layers messages, oldest first.
-
-    The engine stores names only when they change, so the first record gets the names in
-    effect at its step; records that cannot be read are skipped.
-    """
-    out = []
-    for step, data in reader.blobs("layers", limit=limit):
-        try:
-            body = json.loads(data)
-        except ValueError:
-            continue
-        if not isinstance(body, dict) or not isinstance(body.get("grad_norms"), list):
-            continue
-        names = body.get("names")
-        ratios = body.get("update_ratios")
-        out.append(Layers(step=step, grad_norms=body["grad_norms"],
-                          names=names if isinstance(names, list) else None,
-                          shapes=body.get("shapes") if isinstance(body.get("shapes"), list) else None,
-                          update_ratios=ratios if isinstance(ratios, list) else None,
-                          flags=body.get("flags") if isinstance(body.get("flags"), dict) else {}))
-    if out and out[0].names is None:
-        names = stored_names(reader, out[0].step)
-        if names is not None:
-            out[0] = replace(out[0], names=names)
-    return out
-
-
-_NAMES_PREFIX = b'{"names":['
-
-
-def stored_names(reader: StoreReader, step: int) -> list[str] | None:
-    """The parameter names in effect at ``step``: those of the newest record that has them.
-
-    StoreReader has no query for this and reading every record would cost the whole
-    history, so this asks its connection directly, newest first; SQLite stops at the
-    first record that starts with names (on most runs: the first record of all).
-    """
-    row = reader._db.execute(
-        "SELECT data FROM blobs WHERE kind = 'layers' AND rank = 0 AND step <= ? AND substr(data, 1, ?) = ? "
-        "ORDER BY step DESC LIMIT 1", (step, len(_NAMES_PREFIX), _NAMES_PREFIX)).fetchone()
-    if row is None:
-        return None
-    try:
-        names = json.loads(row[0]).get("names")
-    except (ValueError, AttributeError):
-        return None
-    return names if isinstance(names, list) else None
 
 
 def load_series(run_dir: Path, names: list[str]) -> Backfill:

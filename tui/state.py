@@ -12,7 +12,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ptdash.shared.protocol import ENDED, Ack, Event, Layers, Metrics, Status
+from ptdash.shared.decimate import decimate
+from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Status
 
 from .findings import Findings
 from .layers import LayerStats
@@ -32,80 +33,6 @@ def rank_wants(name: str) -> bool:
 
 
 # ------------------------------------------------------------------------- decimation
-
-
-def decimate(steps: list[int], values: list[float | None], n: int) -> tuple[list[int], list[float | None]]:
-    """At most ``n`` points of a series, keeping each bucket's minimum and maximum.
-
-    Buckets are equal runs of points; each contributes its min and max (in step order),
-    so a one-step spike survives any amount of decimation. The first and last points
-    are always kept, so the x range does not shrink. None values (non-finite) are
-    skipped inside a bucket; a bucket of only None keeps one None, so the gap stays
-    visible.
-    """
-    count = len(steps)
-    if count <= n:
-        return list(steps), list(values)
-    if n < 4:
-        return [steps[0], steps[-1]], [values[0], values[-1]]
-    buckets = (n - 2) // 2
-    out_s, out_v = [steps[0]], [values[0]]
-    inner = count - 2
-    for b in range(buckets):
-        lo = 1 + b * inner // buckets
-        hi = 1 + (b + 1) * inner // buckets
-        i_min = i_max = -1
-        for i in range(lo, hi):
-            v = values[i]
-            if v is None:
-                continue
-            if i_min < 0 or v < values[i_min]:
-                i_min = i
-            if i_max < 0 or v > values[i_max]:
-                i_max = i
-        if i_min < 0:
-            if hi > lo:
-                out_s.append(steps[lo])
-                out_v.append(None)
-            continue
-        for i in sorted({i_min, i_max}):
-            out_s.append(steps[i])
-            out_v.append(values[i])
-    out_s.append(steps[-1])
-    out_v.append(values[-1])
-    return out_s, out_v
-
-
-def ema(values: list[float | None], alpha: float, steps: list[int] | None = None) -> list[float | None]:
-    """Exponential moving average; ``alpha`` is the weight of each new value (0 < alpha <= 1).
-
-    None values stay None in the output and leave the average untouched, so one NaN loss
-    does not poison the smoothed line. With ``steps``, a point that stands for a gap of
-    ``k`` steps (a decimated history) is weighted as ``k`` steps would be:
-    ``1 - (1 - alpha) ** k``.
-    """
-    if not 0 < alpha <= 1:
-        raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
-    out: list[float | None] = []
-    avg: float | None = None
-    prev_step: int | None = None
-    keep = 1.0 - alpha
-    for i, v in enumerate(values):
-        if v is None:
-            out.append(None)
-            continue
-        if avg is None:
-            avg = v
-        else:
-            a = alpha
-            if steps is not None and prev_step is not None:
-                gap = steps[i] - prev_step
-                a = 1.0 - keep ** gap if gap > 1 else alpha
-            avg = avg + a * (v - avg)
-        if steps is not None:
-            prev_step = steps[i]
-        out.append(avg)
-    return out
 
 
 # ---------------------------------------------------------------------------- buffers
@@ -336,6 +263,11 @@ class RunState:
         for name, (s, v) in columns.items():
             self.rank_get(rank, name).extend(s, v)
 
+    def add_layer_names(self, msg: LayerNames) -> None:
+        """Take the parameter names the per-parameter records follow (rank 0's)."""
+        if msg.rank == 0:
+            self.layers.set_names(msg)
+
     def add_layers(self, msg: Layers) -> None:
         """Fold per-parameter gradient statistics in (rank 0, like the charts)."""
         if msg.rank == 0:
@@ -362,14 +294,14 @@ class RunState:
         self.events.append(line)
         return line
 
-    def note_event(self, event: Event | dict) -> None:
+    def note_event(self, event: Event) -> None:
         """Keep what the tabs show of an event that gets no line in the events pane (older history)."""
-        self._note(*_event_fields(event))
+        self._note(event)
 
-    def add_event(self, event: Event | dict) -> EventLine | None:
+    def add_event(self, event: Event) -> EventLine | None:
         """Record an engine event; a command event already shown by its ack is skipped."""
-        kind, message, data, step, wall = _event_fields(event)
-        self._note(kind, message, data, step, wall)
+        kind, message, data, step, wall = event.kind, event.message, event.data, event.step, event.wall
+        self._note(event)
         command_id = data.get("id")
         if kind == "command" and command_id is not None:
             if command_id in self.seen_commands:
@@ -379,17 +311,20 @@ class RunState:
         if (kind == "command" and data.get("ok") is False) or (kind == "profile" and data.get("error")):
             level = "error"
         where = f"step {step} " if step is not None else ""
+        if event.rank:
+            where += f"rank {event.rank} "
         what = f"⚑ doctor: {message}" if kind == "finding" else f"{kind}: {message}"
         line = EventLine(wall or time.time(), step, f"{where}{what}", level)
         self.events.append(line)
         return line
 
-    def _note(self, kind: str, message: str, data: dict, step: int | None = None, wall: float | None = None) -> None:
+    def _note(self, event: Event) -> None:
         """Keep what the tabs and the header show of an event."""
+        kind, message, data, step = event.kind, event.message, event.data, event.step
         if kind == "finding":
-            self.findings.add(message, data, step, wall or time.time())
-        elif kind == "anomaly" and (stalled := _STALLED.match(message or "")):
-            rank = data.get("rank") if isinstance(data.get("rank"), int) else int(stalled.group(1))
+            self.findings.add(event)
+        elif kind == "anomaly" and isinstance(data.get("stalled_rank"), int):
+            rank = data["stalled_rank"]
             at = data.get("step")
             self.stalled[rank] = at if isinstance(at, int) else (step or 0)
             self.note_world_size(rank + 1)
@@ -410,16 +345,6 @@ class RunState:
 EVENT_LEVELS = {"anomaly": "error", "oom": "error", "warning": "warning", "hint": "warning", "checkpoint": "ok",
                 "finding": "finding"}
 """How loud each event kind is in the events pane (a doctor's finding has a look of its own)."""
-
-_STALLED = re.compile(r"^rank (\d+) stalled\b")
-
-
-def _event_fields(event: Event | dict) -> tuple[str, str, dict, int | None, float | None]:
-    """(kind, message, data, step, wall) of a live Event or a stored event's dict."""
-    get = event.get if isinstance(event, dict) else lambda k, d=None: getattr(event, k, d)
-    data = get("data") or {}
-    return get("kind"), get("message"), data if isinstance(data, dict) else {}, get("step"), get("wall")
-
 
 # ------------------------------------------------------------------------- formatting
 

@@ -17,8 +17,12 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-VERSION = 1
-"""Schema version; a peer with another version is refused at the handshake."""
+VERSION = 2
+"""Schema version; a peer with another version is refused at the handshake.
+
+2: ``Event`` carries its ``rank`` and store ``id``; parameter names moved from ``Layers``
+to ``LayerNames``.
+"""
 
 MAX_FRAME = 8 * 1024 * 1024
 """Largest frame either side accepts, in bytes. Larger length prefixes are refused unread."""
@@ -145,39 +149,59 @@ class Ack(Message):
 
 @dataclass(frozen=True)
 class Event(Message):
-    """Something worth a line in the events pane and the journal."""
+    """Something worth a line in the events pane and the journal.
+
+    The same object from the engine's journal to the store and the dashboard: ``rank``
+    says which rank it happened on (under DDP rank 0 collects the others'), ``id`` is its
+    place in the store (0 until it is stored; live events carry 0).
+    """
 
     type: ClassVar[str] = "event"
     kind: str
-    step: int
+    step: int | None
+    """The step it happened at (None only for notes the dashboard makes itself)."""
     wall: float
     message: str
     data: dict = field(default_factory=dict)
+    rank: int = 0
+    id: int = 0
+
+
+@dataclass(frozen=True)
+class LayerNames(Message):
+    """The parameters that the following ``Layers`` messages describe, in their order.
+
+    Sent (and stored) when the parameter list first becomes known and whenever it
+    changes; a dashboard that connects later is sent the current one after the Welcome.
+    """
+
+    type: ClassVar[str] = "layer_names"
+    step: int
+    """The first step these names apply to."""
+    names: list
+    shapes: list
+    rank: int = 0
 
 
 @dataclass(frozen=True)
 class Layers(Message):
     """Per-parameter gradient statistics at one step, sent once per flush.
 
-    ``names`` and ``shapes`` come with the first message and whenever the parameter list
-    changes (None otherwise: the receiver keeps the last). ``grad_norms`` and
-    ``update_ratios`` (|w_after - w_before| / |w_before|, sampled every few steps; None in
-    between) follow that order; ``flags`` maps a parameter index (as a string) to
-    ``vanishing``, ``exploding`` or ``nonfinite``.
+    ``grad_norms`` and ``update_ratios`` (|w_after - w_before| / |w_before|, sampled every
+    few steps; None in between) follow the order of the latest ``LayerNames``; ``flags``
+    maps a parameter index (as a string) to ``vanishing``, ``exploding`` or ``nonfinite``.
     """
 
     type: ClassVar[str] = "layers"
     step: int
     grad_norms: list
-    names: list | None = None
-    shapes: list | None = None
     update_ratios: list | None = None
     flags: dict = field(default_factory=dict)
     rank: int = 0
 
 
 MESSAGES: dict[str, type[Message]] = {
-    cls.type: cls for cls in (Hello, Command, Welcome, Refused, Metrics, Status, Ack, Event, Layers)
+    cls.type: cls for cls in (Hello, Command, Welcome, Refused, Metrics, Status, Ack, Event, LayerNames, Layers)
 }
 
 
@@ -326,7 +350,3 @@ class FrameReader:
             del self._buffer[:end]
         return frames
 
-
-def finite_or_none(value: float) -> float | None:
-    """JSON has no NaN or infinity: such values travel (and are stored) as None."""
-    return value if math.isfinite(value) else None

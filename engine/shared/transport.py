@@ -209,13 +209,13 @@ class Server:
     def publish(self, msg: Message) -> None:
         """Queue ``msg`` for every authenticated client; never blocks.
 
-        Live samples (metrics, and per-layer statistics that repeat no names) are
-        dropped for a client whose buffer is full, metrics rows counted; other messages
+        Live samples (metrics and per-layer statistics) are dropped for a client whose
+        buffer is full, metrics rows counted; other messages (parameter names among them)
         are always queued, up to a hard cap that disconnects the client.
         """
         frame = protocol.encode(msg)
         is_metrics = isinstance(msg, Metrics)
-        droppable = is_metrics or (isinstance(msg, Layers) and msg.names is None)
+        droppable = is_metrics or isinstance(msg, Layers)
         with self._lock:
             for client in self._clients.values():
                 if not client.authed or client.closing:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ptdash.shared import rundir
-from ptdash.shared.store import StoreReader
+from ptdash.shared.reader import StoreReader
 from support.runner import ENV, SCRIPTS
 from support.tmux import Terminal, require_tmux
 
@@ -106,7 +106,7 @@ def test_demo_pause_resume_controls_and_leave_running(term, tmp_path):
         term.wait_for("main", "Training continues in the background", 20)
         before = last_step(run_dir)
         wait_until(lambda: last_step(run_dir) > before + 3, 60, "training to continue after detach")
-        events = [e["message"] for e in StoreReader(run_dir / "metrics.db").events()]
+        events = [e.message for e in StoreReader(run_dir / "metrics.db").events()]
         assert any("clip norm" in m and "0.5" in m for m in events)
         assert any("refused" in m for m in events) is False  # the bad value never reached the engine
 

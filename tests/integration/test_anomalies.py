@@ -5,7 +5,7 @@ from support.runner import SCRIPTS, Run, ptdash, wait_for
 
 
 def _events(run_dir):
-    from ptdash.shared.store import StoreReader
+    from ptdash.shared.reader import StoreReader
     with StoreReader(run_dir / "metrics.db") as s:
         return s.events()
 
@@ -15,15 +15,15 @@ def test_nan_pauses_before_the_update_and_names_the_layer(tmp_path):
     try:
         wait_for(lambda: run.info().status == "paused", 60, what="the anomaly pause")
         assert run.info().step == 5
-        events = wait_for(lambda: [e for e in _events(run.run_dir) if e["kind"] == "anomaly"], 10)
-        assert "non-finite gradient before the update of step 6, first in 2.weight" in events[0]["message"]
-        assert "paused before the update" in events[0]["message"]
+        events = wait_for(lambda: [e for e in _events(run.run_dir) if e.kind == "anomaly"], 10)
+        assert "non-finite gradient before the update of step 6, first in 2.weight" in events[0].message
+        assert "paused before the update" in events[0].message
         # While paused the bad update has not been applied.
         assert "step 6" not in run.output()
         assert run.send("resume").ok
         assert run.wait() == 0
         assert "params finite at the end" in run.output()
-        messages = [e["message"] for e in _events(run.run_dir)]
+        messages = [e.message for e in _events(run.run_dir)]
         assert any("skipped the non-finite update of step 6" in m for m in messages)
     finally:
         run.close()
@@ -35,8 +35,8 @@ def test_skip_continues_with_finite_parameters(tmp_path):
     assert result.returncode == 0, result.stdout
     assert "params finite at the end" in result.stdout
     assert "step 6 finite True" in result.stdout
-    events = [e for e in _events(tmp_path / "run") if e["kind"] == "anomaly"]
-    assert "update skipped" in events[0]["message"] and events[0]["data"]["layer"] == "2.weight"
+    events = [e for e in _events(tmp_path / "run") if e.kind == "anomaly"]
+    assert "update skipped" in events[0].message and events[0].data["layer"] == "2.weight"
 
 
 def test_warn_lets_the_nan_through(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ptdash.shared import rundir
-from ptdash.shared.store import StoreReader
+from ptdash.shared.reader import StoreReader
 from support.runner import REPO, SCRIPTS, ptdash
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -84,7 +83,7 @@ def test_engine_refuses_bad_values_even_from_a_raw_client(run):
     assert not ack.ok and "unknown command" in ack.message
     # NaN cannot even be encoded as JSON; a peer that sends it raw gets refused.
     sock = _raw_connect(run)
-    payload = b'{"type":"command","v":1,"id":"x","name":"clip","value":NaN}'
+    payload = b'{"type":"command","v":2,"id":"x","name":"clip","value":NaN}'
     sock.sendall(struct.pack(">I", len(payload)) + payload)
     assert b"refused" in _read_all(sock)
     # Training went on through all of it.
@@ -198,7 +197,7 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(tmp_path):
     b = torch.load(second / "params.pt")
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    from ptdash.shared.store import StoreReader
+    from ptdash.shared.reader import StoreReader
     with StoreReader(second / "run" / "metrics.db") as s:
         steps, _ = s.series("loss")
     assert steps == list(range(n + 1, 2 * n + 1))
@@ -268,9 +267,9 @@ def test_clip_override_without_script_clipping_keeps_per_layer_norms(tmp_path):
     result = ptdash("--headless", "--run-dir", "run", "--clip", "0.5", str(STEADY), "--steps", "30", "--sleep", "0",
                     cwd=tmp_path)
     assert result.returncode == 0, result.stdout
-    from ptdash.shared.store import StoreReader
+    from ptdash.shared.reader import StoreReader
     with StoreReader(tmp_path / "run" / "metrics.db") as s:
-        layers = s.blobs("layers")
+        layers = s.layers()
         steps, clip = s.series("grad/clip_max")
-    assert layers and all(len(json.loads(data)["grad_norms"]) == 4 for _, data in layers)
+    assert layers and all(len(record.grad_norms) == 4 for record in layers)
     assert steps == list(range(1, 31)) and set(clip) == {0.5}

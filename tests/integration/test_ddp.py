@@ -86,9 +86,9 @@ def test_a_long_pause_then_clip_checkpoint_and_stop_reach_both_ranks(tmp_path):
             assert torch.equal(p0[key], p1[key]), key
         assert run.info().status == "stopped" and run.info().world_size == 2
         with run.store() as s:
-            channel = [e for e in s.events() if e["message"].startswith("rank channel:")]
-        assert channel and channel[0]["data"]["exchanges"] > 0
-        print(channel[0]["message"])
+            channel = [e for e in s.events() if e.message.startswith("rank channel:")]
+        assert channel and channel[0].data["exchanges"] > 0
+        print(channel[0].message)
     finally:
         run.close()
 
@@ -106,7 +106,7 @@ def test_sigkill_of_rank_1_is_reported_and_nothing_is_left_behind(tmp_path):
         assert info.status == "crashed"
         assert info.rank_failures[0] == {"rank": 1, "exitcode": -signal.SIGKILL}
         with run.store() as s:
-            assert any("rank 1 killed by SIGKILL" in e["message"] for e in s.events())
+            assert any("rank 1 killed by SIGKILL" in e.message for e in s.events())
         wait_for(lambda: not _rank_pids(), 30, what="every rank to exit")
     finally:
         run.close()
@@ -127,7 +127,7 @@ def test_users_own_torchrun_runs_the_engine_module(tmp_path):
         run_json = wait_for(lambda: list((tmp_path / "ptdash-runs").glob("*/run.json")), 90,
                             what="rank 0 to create the run dir")
         run_dir = run_json[0].parent
-        from ptdash.shared.store import StoreReader
+        from ptdash.shared.reader import StoreReader
 
         def steps():
             try:

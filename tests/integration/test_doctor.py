@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ptdash.shared.store import StoreReader
+from ptdash.shared.reader import StoreReader
 from support.runner import ENV, REPO, SCRIPTS, ptdash
 
 DOCTOR = SCRIPTS / "doctor"
@@ -91,7 +91,7 @@ def runs(request, tmp_path_factory):
 
 def _events(run_dir: Path, kind: str) -> list[dict]:
     with StoreReader(run_dir / "metrics.db") as s:
-        return [e for e in s.events() if e["kind"] == kind]
+        return [e for e in s.events() if e.kind == kind]
 
 
 def _findings(runs, name: str) -> dict[str, list[dict]]:
@@ -99,7 +99,7 @@ def _findings(runs, name: str) -> dict[str, list[dict]]:
     assert (run_dir / "metrics.db").exists(), result.stdout[-3000:] + result.stderr[-3000:]
     found: dict[str, list[dict]] = {}
     for e in _events(run_dir, "finding"):
-        found.setdefault(e["data"]["id"], []).append(e["data"])
+        found.setdefault(e.data["id"], []).append(e.data)
     return found
 
 
@@ -122,8 +122,8 @@ def test_loop_bugs_each_raise_their_finding_once(runs):
     (inplace,) = found["inplace-autograd"]
     assert inplace["source"].endswith("loop_bugs.py:44") and "Sigmoid" in inplace["node"]
     assert "--detect-anomaly" in inplace["fix"]
-    (warning,) = [e for e in _events(runs["loop_bugs"].result()[0], "warning") if e["data"].get("origin") == "python"]
-    assert "planted warning from the script" in warning["message"] and warning["data"]["source"].endswith(":39")
+    (warning,) = [e for e in _events(runs["loop_bugs"].result()[0], "warning") if e.data.get("origin") == "python"]
+    assert "planted warning from the script" in warning.message and warning.data["source"].endswith(":39")
 
 
 def test_zero_grad_between_backward_and_step(runs):
@@ -201,7 +201,7 @@ def _has_cuda() -> bool:
 def test_host_syncs_on_gpu(tmp_path):
     result = ptdash("--headless", "--run-dir", "run", str(DOCTOR / "host_syncs.py"), cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
-    found = {e["data"]["id"]: e["data"] for e in _events(tmp_path / "run", "finding")}
+    found = {e.data["id"]: e.data for e in _events(tmp_path / "run", "finding")}
     assert list(found) == ["host-syncs"]
     assert found["host-syncs"]["source"].endswith("host_syncs.py:14")
     assert found["host-syncs"]["lines"][0]["per_step"] == 1

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ptdash.shared.store import StoreReader
+from ptdash.shared.reader import StoreReader
 from support.runner import SCRIPTS, ptdash
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -22,7 +22,7 @@ def test_training_loop_under_the_engine_adds_no_host_sync(tmp_path):
         steps, losses = s.series("loss")
         _, norms = s.series("grad/norm_total")
         _, mem = s.series("gpu0/mem_allocated_bytes")
-        layers = s.blobs("layers")
+        layers = s.layers()
     assert steps == list(range(1, 301)) and all(v is not None for v in losses + norms)
     assert mem and max(mem) > 0
     assert layers
@@ -35,7 +35,7 @@ def test_nonfinite_gradient_on_cuda_pauses_at_the_next_flush(tmp_path):
     try:
         wait_for(lambda: run.info().status == "paused", 60, what="the deferred anomaly pause")
         with run.store() as s:
-            messages = [e["message"] for e in s.events() if e["kind"] == "anomaly"]
+            messages = [e.message for e in s.events() if e.kind == "anomaly"]
         assert any("seen at the flush" in m for m in messages), messages
         assert run.info().step < 100  # paused within a flush or two of step 20
     finally:

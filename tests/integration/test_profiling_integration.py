@@ -2,7 +2,7 @@
 
 import json
 
-from ptdash.shared.store import StoreReader
+from ptdash.shared.reader import StoreReader
 from support.runner import SCRIPTS, Run, ptdash, wait_for
 
 
@@ -15,9 +15,9 @@ def test_profile_command_summarises_real_operators_and_writes_a_trace(tmp_path):
 
         def profile_event():
             with run.store() as s:
-                return [e for e in s.events() if e["kind"] == "profile"]
+                return [e for e in s.events() if e.kind == "profile"]
         (event,) = wait_for(profile_event, 60, what="the profile summary")
-        report = event["data"]
+        report = event.data
         assert "error" not in report, report
         names = {row["name"] for row in report["top"]}
         assert names & {"aten::mm", "aten::addmm"}, names
@@ -44,13 +44,13 @@ def test_input_bound_loop_shows_data_waiting_dominant(tmp_path):
         _, data = s.series("time/data_s")
         _, compute = s.series("time/compute_s")
         _, optim = s.series("time/optim_s")
-        hints = [e for e in s.events() if e["kind"] == "hint"]
+        hints = [e for e in s.events() if e.kind == "hint"]
     assert len(data) >= 30
     median = sorted(data)[len(data) // 2]
     assert median > 0.01  # 8 samples x 2 ms of sleeping
     assert median > 5 * sorted(compute)[len(compute) // 2]
     assert median > 5 * sorted(optim)[len(optim) // 2]
-    assert hints and "num_workers" in hints[0]["message"]
+    assert hints and "num_workers" in hints[0].message
 
 
 def test_out_of_memory_ends_crashed_with_the_report(tmp_path):
@@ -59,7 +59,7 @@ def test_out_of_memory_ends_crashed_with_the_report(tmp_path):
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info.status == "crashed"
     with StoreReader(tmp_path / "run" / "metrics.db") as s:
-        (oom,) = [e for e in s.events() if e["kind"] == "oom"]
+        (oom,) = [e for e in s.events() if e.kind == "oom"]
     for remedy in ("batch size", "gradient accumulation", "mixed precision", "activation checkpointing"):
-        assert remedy in oom["message"], remedy
-    assert oom["data"]["error"].startswith("CUDA out of memory")
+        assert remedy in oom.message, remedy
+    assert oom.data["error"].startswith("CUDA out of memory")

@@ -24,7 +24,8 @@ import pytest
 
 from ptdash.shared import rundir
 from ptdash.shared.protocol import Hello, encode
-from ptdash.shared.store import STORE_NAME, StoreReader
+from ptdash.shared.reader import StoreReader
+from ptdash.shared.store import STORE_NAME
 from ptdash.shared.transport import Client
 from support.runner import ENV, SCRIPTS, Run, engine_pid, ptdash, wait_for
 from support.tmux import Terminal, require_tmux
@@ -164,9 +165,9 @@ def test_ls_names_every_state_and_attach_picks_the_newest_live_run(tmp_path, run
         cases = {
             "a-live": dict(status="running", pid=engine_like.pid),
             "b-paused": dict(status="paused", pid=engine_like.pid),
-            "c-finished": dict(status="finished", pid=dead.pid, exit_code=0, steps=1200),
-            "d-crashed": dict(status="crashed", pid=dead.pid, exit_code=1, steps=7),
-            "e-stopped": dict(status="stopped", pid=dead.pid, exit_code=0, steps=30),
+            "c-finished": dict(status="finished", pid=dead.pid, exit_code=0, step=1200),
+            "d-crashed": dict(status="crashed", pid=dead.pid, exit_code=1, step=7),
+            "e-stopped": dict(status="stopped", pid=dead.pid, exit_code=0, step=30),
             "f-lost": dict(status="running", pid=dead.pid, step=40),
             "g-reused": dict(status="running", pid=other.pid, step=41),  # a pid now used by another program
         }

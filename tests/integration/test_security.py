@@ -158,7 +158,7 @@ def test_the_engine_listens_only_on_its_private_unix_socket(run):
 def test_no_pickle_on_the_wire():
     # The wire is protocol.py's JSON frames over transport.py's socket: neither even loads
     # pickle (the dashboard's libraries may, for their own purposes).
-    code = "import sys, ptdash.protocol, ptdash.transport; print('pickle' in sys.modules)"
+    code = "import sys, ptdash.shared.protocol, ptdash.shared.transport; print('pickle' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, check=True)
     assert out.stdout.split() == ["False"]
     from ptdash.tui import source
@@ -263,7 +263,7 @@ try:
 except OSError as exc:
     print("CONNECT", type(exc).__name__, exc.errno)
     sys.exit(0)
-hello = ('{"type":"hello","v":1,"token":"%s","client":"intruder"}' % token).encode()
+hello = ('{"type":"hello","v":2,"token":"%s","client":"intruder"}' % token).encode()
 try:
     s.sendall(struct.pack(">I", len(hello)) + hello)
 except OSError:

@@ -8,19 +8,21 @@ import sys
 import textwrap
 import time
 
-from ptdash.shared.store import StoreError, StoreReader, StoreWriter
+from ptdash.shared.reader import StoreReader
+from ptdash.shared.store import StoreError, StoreWriter
 
 STORE = "metrics.db"
 
 WRITER = textwrap.dedent("""
     import sys, time
+    from ptdash.shared.protocol import Event
     from ptdash.shared.store import StoreWriter
     path, flushes, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     writer = StoreWriter(path)
     for f in range(flushes):
         rows = [[s, float(s), {n: float(s * (i + 1)) for i, n in enumerate(("a", "b", "c", "d"))}]
                 for s in range(f * size + 1, (f + 1) * size + 1)]
-        writer.write(rows=rows, events=[(float(f), f * size, "flush", f"flush {f}", {"n": f})])
+        writer.write(rows=rows, events=[Event(kind="flush", step=f * size, wall=float(f), message=f"flush {f}", data={"n": f})])
         time.sleep(0.002)
     writer.close()
 """)
@@ -51,7 +53,7 @@ def test_a_store_read_while_written_shows_only_whole_flushes(tmp_path):
                 wsteps, walls = reader.walls()
                 assert len(wsteps) % size == 0 and walls == [float(s) for s in wsteps]
                 events = reader.events()
-                assert [e["data"]["n"] for e in events] == list(range(len(events)))
+                assert [e.data["n"] for e in events] == list(range(len(events)))
                 assert reader.damage is None
             reads += 1
         assert proc.wait() == 0

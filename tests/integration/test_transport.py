@@ -105,7 +105,7 @@ def test_the_owner_with_the_token_is_welcomed(served):
     (framed(b"[]"), "must be a JSON object"),
     (framed(b'{"type":"nosuch"}'), "unknown message type"),
     (framed(b'{"type":"hello","v":99,"token":"x"}'), "protocol version"),
-    (framed(b'{"type":"hello","v":1,"token":1}'), "token must be str"),
+    (framed(b'{"type":"hello","v":2,"token":1}'), "token must be str"),
     (framed(b"[" * 60000), "nested too deeply"),
     (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "exceeds the limit"),
 ])

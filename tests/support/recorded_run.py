@@ -10,7 +10,6 @@ adds the rows of more ranks (one of them slow) and the doctor's findings.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import threading
@@ -19,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ptdash.shared import rundir
-from ptdash.shared.protocol import Ack, Command, Event, Layers, Metrics, Status, Welcome
+from ptdash.shared.protocol import Ack, Command, Event, LayerNames, Layers, Metrics, Status, Welcome
 from ptdash.shared.store import STORE_NAME, StoreWriter
 from ptdash.shared.transport import Server
 
@@ -114,18 +113,17 @@ def make_run(root: Path, steps: int = 500, status: str = "running", name: str = 
         writer.write(rows=rows[i:i + 100])
     if layers:
         names = layer_names(layers)
-        blobs = []
+        records = [LayerNames(step=4, names=names, shapes=layer_shapes(names))]
         for step in range(4, steps + 1, 4):
             norms, ratios, flags = layer_record(step, layers)
-            body = {"names": names if step == 4 else None, "grad_norms": norms, "update_ratios": ratios,
-                    "flags": flags}
-            blobs.append(("layers", step, json.dumps(body, separators=(",", ":")).encode()))
-        for i in range(0, len(blobs), 50):
-            writer.write(blobs=blobs[i:i + 50])
+            records.append(Layers(step=step, grad_norms=norms, update_ratios=ratios, flags=flags))
+        for i in range(0, len(records), 50):
+            writer.write(layers=records[i:i + 50])
     writer.write(events=[
-        (start + 1, 0, "run", "started", {}),
-        (start + 2 + 100 * 0.05, 100, "checkpoint", "saved checkpoints/step-100.pt", {"path": "checkpoints/step-100.pt"}),
-        (start + 2 + 321 * 0.05, 321, "anomaly", "grad norm spike 7.5 (12x median)", {}),
+        Event(kind="run", step=0, wall=start + 1, message="started"),
+        Event(kind="checkpoint", step=100, wall=start + 2 + 100 * 0.05, message="saved checkpoints/step-100.pt",
+              data={"path": "checkpoints/step-100.pt"}),
+        Event(kind="anomaly", step=321, wall=start + 2 + 321 * 0.05, message="grad norm spike 7.5 (12x median)"),
         *extra_events,
     ])
     writer.close()
@@ -150,11 +148,12 @@ FINDINGS = (
 """(id, what, why, fix, severity) of the findings ``make_ddp_run`` stores, oldest first."""
 
 
-def finding_event(rule: str, what: str, why: str, fix: str, step: int, wall: float, rank: int = 0) -> tuple:
-    """A stored ``finding`` event as the engine writes it (another rank's says so first)."""
-    prefix = f"rank {rank}: " if rank else ""
-    return (wall, step, "finding", f"{prefix}{rule}: {what}",
-            {"id": rule, "what": what, "why": why, "fix": fix, "step": step, "source": "train.py:42"})
+def finding_event(rule: str, what: str, why: str, fix: str, severity: str, step: int, wall: float,
+                  rank: int = 0) -> Event:
+    """A stored ``finding`` event as the engine writes it."""
+    return Event(kind="finding", step=step, wall=wall, message=f"{rule}: {what}", rank=rank,
+                 data={"id": rule, "what": what, "why": why, "fix": fix, "severity": severity, "step": step,
+                       "source": "train.py:42"})
 
 
 def rank_row(step: int, rank: int, rng: random.Random, wall: float, slow: float = 1.0) -> list:
@@ -182,10 +181,9 @@ def make_ddp_run(root: Path, steps: int = 200, world_size: int = 2, slow_rank: i
     start = time.time() - steps * 0.05 - 5
     events = []
     if findings:
-        for i, (rule, what, why, fix, _) in enumerate(FINDINGS):
-            events.append(finding_event(rule, what, why, fix, 20 + i * 30, start + 3 + i))
-        rule, what, why, fix, _ = FINDINGS[0]
-        events.append(finding_event(rule, what, why, fix, 20, start + 3, rank=1))
+        for i, finding in enumerate(FINDINGS):
+            events.append(finding_event(*finding, 20 + i * 30, start + 3 + i))
+        events.append(finding_event(*FINDINGS[0], 20, start + 3, rank=1))
     run_dir = make_run(root, steps=steps, status=status, extra_events=events)
     writer = StoreWriter(run_dir / STORE_NAME)
     for rank in range(1, world_size):
@@ -206,7 +204,7 @@ class FakeEngine:
     send) is refused like the real engine does.
     """
 
-    def __init__(self, run_dir: Path, step: int = 500, world_size: int = 1) -> None:
+    def __init__(self, run_dir: Path, step: int = 500, world_size: int = 1, layer_names: LayerNames | None = None) -> None:
         self.run_dir = Path(run_dir)
         info = rundir.read_info(run_dir)
         self.commands: list[Command] = []
@@ -215,7 +213,8 @@ class FakeEngine:
         self._rng = random.Random(1)
         welcome = Welcome(run_id=info.id, run_dir=str(run_dir), pid=0, world_size=world_size)
         self.server = Server(Path(info.socket), rundir.read_token(run_dir), welcome,
-                             on_command=self._on_command, on_connect=lambda: [self.status])
+                             on_command=self._on_command,
+                             on_connect=lambda: [self.status] + ([layer_names] if layer_names else []))
 
     def __enter__(self) -> FakeEngine:
         self.server.start()
@@ -251,12 +250,12 @@ class FakeEngine:
         self.server.publish(self.status)
 
     def layers(self, count: int = LAYER_COUNT, names: bool = False) -> None:
-        """Publish one live per-parameter record at the current step (names only when asked)."""
+        """Publish one live per-parameter record at the current step (after its names when asked)."""
         norms, ratios, flags = layer_record(self.status.step, count)
-        listed = layer_names(count) if names else None
-        self.server.publish(Layers(step=self.status.step, grad_norms=norms, names=listed,
-                                   shapes=layer_shapes(listed) if listed else None,
-                                   update_ratios=ratios, flags=flags))
+        if names:
+            listed = layer_names(count)
+            self.server.publish(LayerNames(step=self.status.step, names=listed, shapes=layer_shapes(listed)))
+        self.server.publish(Layers(step=self.status.step, grad_norms=norms, update_ratios=ratios, flags=flags))
 
     def event(self, kind: str, message: str, **data) -> None:
         """Publish an engine event at the current step."""

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ptdash.shared import rundir
 from ptdash.shared.protocol import Ack, Command
-from ptdash.shared.store import STORE_NAME, StoreReader
+from ptdash.shared.reader import StoreReader
+from ptdash.shared.store import STORE_NAME
 from ptdash.shared.transport import Client
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"

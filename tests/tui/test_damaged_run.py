@@ -18,7 +18,7 @@ def test_the_dashboard_opens_a_damaged_run_and_says_where_it_stopped(tmp_path):
     data = store.read_bytes()
     store.write_bytes(data[:len(data) * 2 // 3 + 1000])
     history = load_history(run_dir)
-    notes = [e["message"] for e in history.events if e["kind"] == "warning"]
+    notes = [e.message for e in history.events if e.kind == "warning"]
     assert len(notes) == 1 and "damaged" in notes[0], history.events
     loss_steps = history.series["loss"][0]
     assert loss_steps and loss_steps[0] == 1 and loss_steps == sorted(loss_steps)

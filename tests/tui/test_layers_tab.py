@@ -12,22 +12,24 @@ import asyncio
 import math
 import time
 
-from ptdash.shared.protocol import Layers
-from ptdash.shared.store import STORE_NAME, StoreReader
+from ptdash.shared.protocol import LayerNames, Layers
+from ptdash.shared.reader import StoreReader
+from ptdash.shared.store import STORE_NAME
 from ptdash.tui.app import make_app
 from ptdash.tui.bars import bar, sparkline, stacked
 from ptdash.tui.layers import LayerStats, combine, module_of, natural_key, select
-from ptdash.tui.source import LiveSource, load_layers
+from ptdash.tui.source import LiveSource
 from ptdash.tui.widgets.layer_table import LayerTable
 from ptdash.tui.widgets.layers_view import LayersView
+from support.inbox import Inbox
 from support.pilot import screen_text, until
 from support.recorded_run import EXPLODING, LAYER_COUNT, VANISHING, FakeEngine, layer_names, make_run
 
 
-def stats_of(*messages: Layers) -> LayerStats:
+def stats_of(*messages: Layers | LayerNames) -> LayerStats:
     stats = LayerStats(history=5)
     for msg in messages:
-        stats.add(msg)
+        stats.set_names(msg) if isinstance(msg, LayerNames) else stats.add(msg)
     return stats
 
 
@@ -39,8 +41,8 @@ NAMES = ["enc.0.weight", "enc.0.bias", "enc.10.weight", "enc.2.weight", "head.we
 
 def test_layer_stats_keep_names_history_and_last_ratio():
     stats = stats_of(
-        Layers(step=1, grad_norms=[1.0, 2.0, 3.0, 4.0, 5.0], names=NAMES, shapes=[[4, 4], [4], [4, 4], [4, 4], [2, 4]],
-               update_ratios=[0.1] * 5),
+        LayerNames(step=1, names=NAMES, shapes=[[4, 4], [4], [4, 4], [4, 4], [2, 4]]),
+        Layers(step=1, grad_norms=[1.0, 2.0, 3.0, 4.0, 5.0], update_ratios=[0.1] * 5),
         *[Layers(step=s, grad_norms=[float(s), None, 3.0, 4.0, 5.0], flags={"1": "nonfinite"}) for s in range(2, 9)],
     )
     assert stats.names == NAMES and stats.step == 8
@@ -56,19 +58,25 @@ def test_layer_stats_keep_names_history_and_last_ratio():
 
 
 def test_layer_stats_rename_keeps_history_of_parameters_that_stay():
-    stats = stats_of(Layers(step=1, grad_norms=[1.0, 2.0], names=["a.w", "b.w"]),
+    stats = stats_of(LayerNames(step=1, names=["a.w", "b.w"], shapes=[[1], [1]]), Layers(step=1, grad_norms=[1.0, 2.0]),
                      Layers(step=2, grad_norms=[1.5, 2.5]))
-    stats.add(Layers(step=3, grad_norms=[3.0, 9.0, 2.7], names=["b.w", "c.w", "a.w"]))
+    stats.set_names(LayerNames(step=3, names=["b.w", "c.w", "a.w"], shapes=[[1]] * 3))
+    stats.add(Layers(step=3, grad_norms=[3.0, 9.0, 2.7]))
     assert stats.names == ["b.w", "c.w", "a.w"]
     assert list(stats.norms[0]) == [2.0, 2.5, 3.0]
     assert list(stats.norms[1]) == [None, None, 9.0]
-    # A list of another length without names gets numbered names until names come.
+    # A list of another length without names gets numbered names until names come,
+    # and keeps its history when they do.
     stats.add(Layers(step=4, grad_norms=[1.0]))
     assert stats.names == ["param0"]
+    stats.add(Layers(step=5, grad_norms=[2.0]))
+    stats.set_names(LayerNames(step=4, names=["d.w"], shapes=[[3]]))
+    assert stats.names == ["d.w"] and list(stats.norms[0])[-2:] == [1.0, 2.0]
 
 
 def test_modules_combine_norms_and_take_the_loudest_flag():
-    stats = stats_of(Layers(step=1, grad_norms=[3.0, 4.0, 1.0, 2.0, 0.5], names=NAMES,
+    stats = stats_of(LayerNames(step=1, names=NAMES, shapes=[[1]] * 5),
+                     Layers(step=1, grad_norms=[3.0, 4.0, 1.0, 2.0, 0.5],
                             update_ratios=[0.1, 0.3, None, 0.2, 0.1], flags={"0": "vanishing", "1": "exploding"}))
     assert module_of("enc.0.weight") == "enc.0" and module_of("scale") == "scale"
     rows = {r.name: r for r in stats.rows(grouped=True)}
@@ -82,7 +90,8 @@ def test_modules_combine_norms_and_take_the_loudest_flag():
 
 
 def test_select_sorts_and_filters():
-    stats = stats_of(Layers(step=1, grad_norms=[1.0, None, 30.0, 2.0, 0.5], names=NAMES,
+    stats = stats_of(LayerNames(step=1, names=NAMES, shapes=[[1]] * 5),
+                     Layers(step=1, grad_norms=[1.0, None, 30.0, 2.0, 0.5],
                             update_ratios=[0.1, 0.3, 0.2, None, 0.05], flags={"1": "nonfinite", "4": "vanishing"}))
     rows = stats.rows()
     assert [r.name for r in select(rows, sort="name")] == [
@@ -121,22 +130,28 @@ def test_cells_keep_the_end_of_long_names_and_say_nan():
     assert cell(row, Column("flag", "flag", 9), ()).plain == "nonfinite"
 
 
-def test_load_layers_finds_names_stored_before_the_window(tmp_path):
+def test_the_store_finds_names_stored_before_the_window(tmp_path):
     run_dir = make_run(tmp_path, steps=200, layers=20)
     with StoreReader(run_dir / STORE_NAME) as reader:
-        records = load_layers(reader, limit=10)
+        records = reader.layers(limit=10)
+        names = reader.layer_names(records[0].step)
+        assert reader.layer_names(3) is None  # before the first record
     assert [r.step for r in records] == list(range(164, 201, 4))
-    assert records[0].names == layer_names(20)  # from step 4's record, outside the window
-    assert all(r.names is None for r in records[1:])
+    assert names.names == layer_names(20) and names.step == 4  # stored with step 4's record, outside the window
     assert records[-1].update_ratios is not None  # step 200 sampled ratios
 
 
-def test_live_layers_without_names_get_the_stored_ones(tmp_path):
+def test_a_dashboard_that_connects_later_is_sent_the_names(tmp_path):
     run_dir = make_run(tmp_path, steps=40, layers=20)
-    source = LiveSource(run_dir)
-    named = source._named(Layers(step=41, grad_norms=[1.0] * 20))
-    assert named.names == layer_names(20)
-    assert source._named(Layers(step=42, grad_norms=[1.0] * 20)).names is None  # known by now
+    names = LayerNames(step=41, names=[f"w{i}" for i in range(20)], shapes=[[2]] * 20)
+    with FakeEngine(run_dir, step=40, layer_names=names):
+        inbox = Inbox()
+        source = LiveSource(run_dir)
+        source.start(inbox)
+        try:
+            assert inbox.wait(lambda x: isinstance(x, LayerNames)) == names
+        finally:
+            source.close()
 
 
 # ----------------------------------------------------------------------------- Pilot
@@ -215,7 +230,9 @@ def test_layers_tab_with_500_parameters(tmp_path):
             # A click on a row charts it; a click on a column header sorts by it.
             await pilot.click(LayerTable, offset=(5, 2))
             await until(pilot, lambda: view.selected == view.rows[1].name, what="clicked row charted")
-            norm_x = 1 + view._columns()[0].width + 2 + 3
+            columns = view._columns()
+            before = columns[:[c.key for c in columns].index("norm")]
+            norm_x = 1 + sum(c.width + 2 for c in before) + 3
             await pilot.click(LayerTable, offset=(norm_x, 0))
             await until(pilot, lambda: view.sort == "norm", what="header click sorts")
         return timings

@@ -17,7 +17,7 @@ from io import StringIO
 from rich.console import Console
 
 from ptdash.shared import rundir
-from ptdash.shared.protocol import Metrics, Status
+from ptdash.shared.protocol import Event, Metrics, Status
 from ptdash.tui import findings, ranks
 from ptdash.tui.app import make_app
 from ptdash.tui.source import LiveSource, ReplaySource, RunInfo, load_history
@@ -76,8 +76,8 @@ def test_rank_rows_scores_stragglers_and_says_why_a_rank_stopped():
     assert scores["1.80×"].bgcolor.name == "red"
     assert scores["1.00×"] is None or scores["1.00×"].bgcolor is None
 
-    state.add_event({"kind": "anomaly", "step": 20, "wall": 1.0, "data": {"rank": 2, "step": 20},
-                     "message": "rank 2 stalled: no step for 130 s (at step 20)"})
+    state.add_event(Event(kind="anomaly", step=20, wall=1.0, data={"stalled_rank": 2, "step": 20},
+                          message="rank 2 stalled: no step for 130 s (at step 20)"))
     assert ranks.rank_rows(state)[2].status == "stalled"
     state.add_metrics(Metrics(rank=2, rows=[[21, 0.0, {"time/step_s": 0.09}]]))
     assert ranks.rank_rows(state)[2].status == "ok"  # it stepped again
@@ -103,16 +103,17 @@ def test_single_process_says_so():
 def test_findings_once_per_rule_newest_first():
     state = RunState()
     assert findings.EMPTY in text_of(findings.report(state))
-    for wall, step, kind, message, data in [
-            (1.0, 5, "finding", "grads-never-cleared: .grad keeps growing",
+    for wall, step, rank, message, data in [
+            (1.0, 5, 0, "grads-never-cleared: .grad keeps growing",
              {"id": "grads-never-cleared", "what": ".grad keeps growing\nof 4 parameters", "why": "backward adds",
-              "fix": "zero_grad once per step", "source": "train.py:42"}),
-            (2.0, 5, "finding", "rank 1: grads-never-cleared: .grad keeps growing",
-             {"id": "grads-never-cleared", "what": ".grad keeps growing", "why": "backward adds", "fix": "zero"}),
-            (3.0, 9, "finding", "loss-plateau: no better loss for 500 steps",
+              "fix": "zero_grad once per step", "source": "train.py:42", "severity": "error"}),
+            (2.0, 5, 1, "grads-never-cleared: .grad keeps growing",
+             {"id": "grads-never-cleared", "what": ".grad keeps growing", "why": "backward adds", "fix": "zero",
+              "severity": "error"}),
+            (3.0, 9, 0, "loss-plateau: no better loss for 500 steps",
              {"id": "loss-plateau", "what": "no better loss for 500 steps", "why": "stopped learning",
-              "fix": "try another LR"})]:
-        line = state.add_event({"kind": kind, "step": step, "wall": wall, "message": message, "data": data})
+              "fix": "try another LR", "severity": "info"})]:
+        line = state.add_event(Event(kind="finding", step=step, wall=wall, message=message, data=data, rank=rank))
         assert line.level == "finding" and "⚑ doctor: " in line.text
     assert len(state.findings) == 2 and state.findings.worst() == "error"  # the badge's colour
     newest, oldest = state.findings.newest_first()
@@ -188,7 +189,7 @@ def test_ranks_and_doctor_tabs_follow_a_ddp_run(tmp_path):
             await until(pilot, lambda: "step time per rank" in screen_text(app), what="rank chart")
             assert len(app.query_one("#ranks-chart", ChartPanel).chart.lines) == 2
 
-            engine.event("anomaly", "rank 1 stalled: no step for 130 s (at step 203)", rank=1, step=203)
+            engine.event("anomaly", "rank 1 stalled: no step for 130 s (at step 203)", stalled_rank=1, step=203)
             await until(pilot, lambda: "stalled at step 203" in screen_text(app), what="stalled rank")
 
             # Doctor: a live finding joins the stored ones, newest first, and the events pane.

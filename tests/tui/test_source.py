@@ -24,7 +24,7 @@ def test_load_history_reads_everything(tmp_path):
     assert steps[0] == 1 and steps[-1] == 500 and len(values) == 500
     assert "opt/lr/group1" in history.series and "host/cpu_pct" in history.series
     assert history.walls[0][-1] == 500 and not history.pending
-    assert [e["kind"] for e in history.events] == ["run", "checkpoint", "anomaly"]
+    assert [e.kind for e in history.events] == ["run", "checkpoint", "anomaly"]
     assert history.status == Status(state="finished", step=500, total_steps=2000, exit_code=0)
 
 

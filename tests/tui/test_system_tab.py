@@ -12,7 +12,7 @@ from io import StringIO
 
 from rich.console import Console
 
-from ptdash.shared.protocol import Ack, Metrics
+from ptdash.shared.protocol import Ack, Event, Metrics
 from ptdash.tui import profile, system
 from ptdash.tui.app import make_app
 from ptdash.tui.source import LiveSource
@@ -94,15 +94,15 @@ def test_profile_report_states():
     assert "press p" in text_of(profile.report(state))
     state.profile_pending = "profiling steps 41-45…"
     assert "profiling steps 41-45…" in text_of(profile.report(state))
-    state.add_event({"kind": "profile", "step": 45, "wall": 1.0, "message": "profiled steps 41-45",
-                     "data": {"steps": [41, 45], "trace": "/runs/x/profiles/p.json", "device": "cpu", "top": TOP}})
+    state.add_event(Event(kind="profile", step=45, wall=1.0, message="profiled steps 41-45",
+                     data={"steps": [41, 45], "trace": "/runs/x/profiles/p.json", "device": "cpu", "top": TOP}))
     text = text_of(profile.report(state))
     assert state.profile_pending is None
     assert "steps 41-45" in text and "aten::addmm" in text and "12.50" in text and "3.0 MiB" in text
     assert "/runs/x/profiles/p.json" in text and "Perfetto" in text
-    state.add_event({"kind": "profile", "step": 50, "wall": 2.0, "message": "failed",
-                     "data": {"steps": [46, 50], "trace": None, "device": "cpu", "top": [],
-                              "error": "another profiler is active"}})
+    state.add_event(Event(kind="profile", step=50, wall=2.0, message="failed",
+                     data={"steps": [46, 50], "trace": None, "device": "cpu", "top": [],
+                              "error": "another profiler is active"}))
     assert "profile failed: another profiler is active" in text_of(profile.report(state))
     assert state.events[-1].level == "error"
 
@@ -112,8 +112,8 @@ def test_anomaly_pause_reason_lasts_while_paused():
 
     state = RunState()
     state.set_status(Status(state="running", step=10))
-    state.add_event({"kind": "anomaly", "step": 11, "wall": 1.0, "data": {"action": "pause", "layer": "fc1.weight"},
-                     "message": "non-finite gradient before the update of step 11, first in fc1.weight"})
+    state.add_event(Event(kind="anomaly", step=11, wall=1.0, data={"action": "pause", "layer": "fc1.weight"},
+                     message="non-finite gradient before the update of step 11, first in fc1.weight"))
     assert state.events[-1].level == "error"
     state.set_status(Status(state="paused", step=10, paused_at=10))
     assert state.pause_reason == "non-finite gradient in fc1.weight"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ptdash import metrics
-from ptdash.monitor import Monitor, Thresholds, ema
+from ptdash.monitor import Monitor, Thresholds
 
 
 def _grads(seed=0, dtypes=(torch.float32,)):
@@ -77,9 +77,6 @@ def test_empty_grad_list():
     assert per.numel() == 0 and total.item() == 0.0
 
 
-def test_ema():
-    assert ema(None, 5.0, 0.1) == 5.0
-    assert ema(5.0, 15.0, 0.1) == 6.0
 
 
 def test_loss_spike_is_reported_once_after_warmup():

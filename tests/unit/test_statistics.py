@@ -175,13 +175,13 @@ def test_a_param_group_added_mid_run_is_measured(engine):
 
 
 def test_a_bug_that_starts_late_is_caught_on_the_sampled_steps(engine):
-    from ptdash.shared.store import StoreReader
+    from ptdash.shared.reader import StoreReader
 
     model = _model()
     start = WATCH_FIRST + 20  # past the steps watched one by one; then no more zero_grad
     _train(model, torch.optim.SGD(model.parameters(), lr=1e-3), start + 4 * WATCH_EVERY, clear=lambda s: s < start)
     engine._flush()
     with StoreReader(engine.run_dir / "metrics.db") as store:
-        findings = [e for e in store.events() if e["kind"] == "finding"]
-    assert [f["data"]["id"] for f in findings] == ["grads-never-cleared"]
-    assert findings[0]["data"]["step"] > start and findings[0]["data"]["step"] % WATCH_EVERY == 0
+        findings = [e for e in store.events() if e.kind == "finding"]
+    assert [f.data["id"] for f in findings] == ["grads-never-cleared"]
+    assert findings[0].data["step"] > start and findings[0].data["step"] % WATCH_EVERY == 0

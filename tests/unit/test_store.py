@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ptdash.shared.store import LEVELS, StoreError, StoreReader, StoreWriter, merge_point
+from ptdash.shared.decimate import merge_point
+from ptdash.shared.protocol import Event, Layers
+from ptdash.shared.reader import StoreReader
+from ptdash.shared.store import LEVELS, StoreError, StoreWriter
 
 STORE = "metrics.db"
 
@@ -155,7 +158,7 @@ def test_a_store_without_the_summary_table_is_still_decimated(tmp_path):
     assert 1000 < len(steps) <= 4000 and all(raw[s] == v for s, v in zip(steps, values))
     # A later writer (the launcher recording a crash) creates the table empty: still raw.
     writer = StoreWriter(path)
-    writer.write(events=[(0.0, 20_000, "run", "crashed", {})])
+    writer.write(events=[Event(kind="run", step=20_000, wall=0.0, message="crashed")])
     writer.close()
     with StoreReader(path) as reader:
         assert reader.series("loss", max_points=4000) == (steps, values)
@@ -182,9 +185,9 @@ def real_store(tmp_path_factory) -> tuple[Path, dict]:
     for start in range(1, 6001, 200):
         rows = [[s, 1000.0 + s, {n: value_at(s, n) for n in NAMES}] for s in range(start, start + 200)]
         extra = [[start + 199, 0.0, {"host/cpu_pct": rng.random() * 100}]]
-        blobs = [("layers", start + 199, bytes(rng.randrange(256) for _ in range(300)))]
-        events = [(1000.0 + start, start, "run", f"at {start}", {"step": start})]
-        writer.write(rows=rows, extra=extra, blobs=blobs, events=events)
+        layers = [Layers(step=start + 199, grad_norms=[rng.random() for _ in range(40)])]
+        events = [Event(kind="run", step=start, wall=1000.0 + start, message=f"at {start}", data={"step": start})]
+        writer.write(rows=rows, extra=extra, layers=layers, events=events)
     writer.close()
     return path, {n: raw_points(path, n) for n in NAMES}
 
@@ -199,7 +202,7 @@ def read_everything(path: Path) -> tuple[StoreReader | None, dict]:
     with reader:
         got = {"names": reader.names(), "meta": reader.meta(), "events": reader.events(),
                "walls": reader.walls(), "latest": reader.latest(), "ranks": reader.ranks(),
-               "blobs": reader.blobs("layers"), "last": reader.last_step()}
+               "layers": reader.layers(), "names@": reader.layer_names(), "last": reader.last_step()}
         for name in reader.names():
             got[name] = reader.series(name)
             got[name + "@4000"] = reader.series(name, max_points=4000)

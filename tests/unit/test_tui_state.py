@@ -1,72 +1,19 @@
 """Pure dashboard state: decimation, smoothing, buffers, rates, formatting."""
 
-import math
 
 import pytest
 
-from ptdash.shared.protocol import Ack, Metrics, Status
+from ptdash.shared.protocol import Ack, Event, Metrics, Status
 from ptdash.tui.state import (
     RunState,
     Series,
     StepRate,
     command_text,
-    decimate,
-    ema,
     eta,
     fmt_bytes,
     fmt_duration,
     fmt_si,
 )
-
-
-def test_decimate_keeps_short_series_untouched():
-    assert decimate([1, 2, 3], [1.0, 2.0, 3.0], 10) == ([1, 2, 3], [1.0, 2.0, 3.0])
-
-
-def test_decimate_bounds_length_and_keeps_ends_and_spikes():
-    steps = list(range(100_000))
-    values = [math.sin(i / 1000) for i in steps]
-    values[54_321] = 50.0
-    values[77_777] = -50.0
-    s, v = decimate(steps, values, 500)
-    assert len(s) <= 500
-    assert s[0] == 0 and s[-1] == 99_999
-    assert s == sorted(s)
-    assert 50.0 in v and -50.0 in v
-    assert s[v.index(50.0)] == 54_321
-
-
-def test_decimate_keeps_min_and_max_of_each_bucket():
-    steps = list(range(10))
-    values = [0, 5, 1, 2, 9, 3, 4, 8, 6, 7]
-    s, v = decimate(steps, values, 6)  # both ends, plus 2 buckets of 4 inner points
-    assert s == [0, 2, 4, 5, 7, 9]
-    assert v == [0, 1, 9, 3, 8, 7]
-
-
-def test_decimate_is_none_safe():
-    steps = list(range(20))
-    values = [None if 5 <= i < 15 else float(i) for i in steps]
-    s, v = decimate(steps, values, 8)
-    assert len(s) <= 8
-    assert None in v  # the gap stays visible
-    assert all(x is None or isinstance(x, float) for x in v)
-
-
-def test_ema_weights_new_values_by_alpha():
-    assert ema([1.0, 3.0, 3.0], 0.5) == [1.0, 2.0, 2.5]
-    assert ema([4.0, 0.0], 1.0) == [4.0, 0.0]
-
-
-def test_ema_skips_none_without_poisoning():
-    assert ema([None, 2.0, None, 4.0], 0.5) == [None, 2.0, None, 3.0]
-
-
-def test_ema_with_steps_weights_gaps():
-    # A point standing for 2 steps counts as two updates: 1 - 0.5**2 = 0.75.
-    assert ema([0.0, 4.0], 0.5, steps=[0, 2]) == [0.0, 3.0]
-    with pytest.raises(ValueError):
-        ema([1.0], 0.0)
 
 
 def test_series_decimates_after_the_fact_and_ignores_old_rows():
@@ -111,8 +58,8 @@ def test_run_state_folds_messages():
     bad = state.add_ack(Ack(id="b", name="clip", ok=False, message="no"), "clip 5")
     assert bad.level == "error" and "refused: no" in bad.text
     # The command event of an ack already shown is not shown twice.
-    assert state.add_event({"kind": "command", "step": 540, "wall": 1.0, "message": "x", "data": {"id": "a"}}) is None
-    event = state.add_event({"kind": "anomaly", "step": 7, "wall": 1.0, "message": "nan loss", "data": {}})
+    assert state.add_event(Event(kind="command", step=540, wall=1.0, message="x", data={"id": "a"})) is None
+    event = state.add_event(Event(kind="anomaly", step=7, wall=1.0, message="nan loss"))
     assert event.level == "error" and event.text == "step 7 anomaly: nan loss"
     state.status = Status(state="finished", step=3, exit_code=0)
     assert state.ended
