@@ -10,25 +10,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 import uuid
 from pathlib import Path
 
 from .shared import rundir
+from .shared.exits import describe_exit
 from .shared.protocol import Event
 from .shared.store import STORE_NAME, StoreWriter
-
-
-def describe(exitcode: int) -> str:
-    """``exit code 3`` or ``killed by SIGKILL``."""
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         # The first failure is the cause; the launcher then stops the other ranks (SIGTERM).
         first_rank, first = exc.get_first_failure()
         others = sorted(r for r in exc.failures if r != first_rank)
-        detail = f"rank {first_rank} {describe(first.exitcode)}" + (
+        detail = f"rank {first_rank} {describe_exit(first.exitcode)}" + (
             f"; the launcher then stopped rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}"
             if others else "")
         failures = [(first_rank, first.exitcode)] + [(r, exc.failures[r].exitcode) for r in others]

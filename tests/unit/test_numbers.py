@@ -73,3 +73,11 @@ def test_json_safe_replaces_non_finite_numbers_anywhere_and_says_so():
     value, replaced = json_safe({"a": [1.0, math.nan, {"b": math.inf}], "c": (2, "x"), "d": ValueError("boom")})
     assert replaced and value == {"a": [1.0, None, {"b": None}], "c": [2, "x"], "d": "boom"}
     assert json_safe({"a": 1.0}) == ({"a": 1.0}, False)
+
+
+def test_exits_in_words_and_as_a_shell_says_them():
+    from ptdash.shared.exits import describe_exit, shell_status
+
+    assert describe_exit(3) == "exit code 3" and describe_exit(-9) == "killed by SIGKILL"
+    assert describe_exit(-200) == "killed by signal 200" and describe_exit(None) == "exit code unknown"
+    assert shell_status(-9) == 137 and shell_status(-15) == 143 and shell_status(2) == 2
