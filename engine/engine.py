@@ -27,7 +27,7 @@ from .distributed import Distributed
 from .doctor import Doctor
 from .hooks import Hooks
 from .monitor import Monitor
-from .recorder import Recorder
+from .recorder import Recorder, _to_host
 from .shared import rundir
 from .shared.config import RunConfig
 from .shared.numbers import json_safe
@@ -76,7 +76,7 @@ class Engine:
         self._resume: dict | None = None
         self._last_checkpoint_time = time.monotonic()
         self.monitor = Monitor()
-        self.doctor = Doctor(self)
+        self.doctor = Doctor(self.event, config, lambda: self.hooks.models, lambda: self.hooks.step)
         self.sampler = system.SystemSampler()
         self._profile: profiling.ProfileWindow | None = None
         self._layer_key: tuple = ()
@@ -458,7 +458,7 @@ class Engine:
 
     def _flush(self, system_row: list | None = None) -> None:
         rows, layer_rows = self.recorder.drain()
-        self.doctor.on_flush(rows, layer_rows)
+        self.doctor.on_flush(rows, layer_rows, _to_host)
         for kind, message, data in self.monitor.check_rows(rows):
             self.event(kind, message, **data)
         self._deferred_anomaly(rows)

@@ -1,4 +1,4 @@
-"""Host-side analysis of each flush: loss spikes, per-layer gradient flags, input-bound loops.
+"""Host-side analysis of each flush: loss spikes and per-layer gradient flags.
 
 Runs on the flusher thread over values already on the host, so it costs training
 nothing. Each finding becomes an event once (rate-limited), not once per step.
@@ -6,9 +6,7 @@ nothing. Each finding becomes an event once (rate-limited), not once per step.
 
 from __future__ import annotations
 
-import collections
 import math
-import statistics
 from dataclasses import dataclass
 
 from .shared.numbers import ema
@@ -28,11 +26,9 @@ class Thresholds:
     """...and so is one above this multiple of its own running average."""
     warmup_steps: int = 20
     """Running averages need this many steps before they judge anything."""
-    input_bound: float = 0.5
-    """Data waiting above this share of step time marks an input-bound loop."""
 
     def __post_init__(self) -> None:
-        for name in ("spike_factor", "vanishing", "exploding", "jump", "input_bound"):
+        for name in ("spike_factor", "vanishing", "exploding", "jump"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value}")
@@ -49,19 +45,14 @@ class Monitor:
         self._layer_avg: list[float] | None = None
         self._layer_seen = 0
         self._flagged: set[tuple[int, str]] = set()
-        self._input_bound_reported = False
         self._nonfinite_reported = False
-        self._data_shares: collections.deque[float] = collections.deque(maxlen=50)
-        """The latest steps' share of time spent waiting for data, across flushes (the
-        data wait is timed on sampled steps only)."""
 
     def check_rows(self, rows: list[list]) -> list[tuple[str, str, dict]]:
-        """Loss spikes, non-finite losses and input-bound loops in a flush's step rows.
+        """Loss spikes and non-finite losses in a flush's step rows.
 
         Returns ``(kind, message, data)`` events.
         """
         events = []
-        data_share = self._data_shares
         for step, _wall, values in rows:
             if "loss" in values:
                 loss = values["loss"]
@@ -79,16 +70,6 @@ class Monitor:
                                        {"step": step, "loss": loss, "average": avg}))
                     self._loss_avg = ema(avg, loss, 0.05)
                     self._loss_seen += 1
-            data, total = values.get("time/data_s"), values.get("time/step_s")
-            if data is not None and total:
-                data_share.append(data / total)
-        if len(data_share) >= 5 and not self._input_bound_reported and self._loss_seen >= self.t.warmup_steps:
-            share = statistics.median(data_share)
-            if share > self.t.input_bound:
-                self._input_bound_reported = True
-                events.append(("hint", f"input-bound: {share:.0%} of each step is spent waiting for data; "
-                                       "try more DataLoader workers (num_workers) and pin_memory=True",
-                               {"data_share": share}))
         return events
 
     def check_layers(self, step: int, names: list[str], norms: list[float | None]) -> tuple[dict, list]:

@@ -1,7 +1,10 @@
 """Profiler windows, the step-time breakdown and the OOM report through the real CLI."""
 
+
+
 import json
 
+from ptdash.shared import rundir
 from ptdash.shared.reader import StoreReader
 from support.runner import SCRIPTS, Run, ptdash, wait_for
 
@@ -56,7 +59,7 @@ def test_input_bound_loop_shows_data_waiting_dominant(tmp_path):
 def test_out_of_memory_ends_crashed_with_the_report(tmp_path):
     result = ptdash("--headless", "--run-dir", "run", str(SCRIPTS / "oom.py"), cwd=tmp_path)
     assert result.returncode == 1
-    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    info = rundir.read_info(tmp_path / "run")
     assert info.status == "crashed"
     with StoreReader(tmp_path / "run" / "metrics.db") as s:
         (oom,) = [e for e in s.events() if e.kind == "oom"]

@@ -7,19 +7,25 @@ from pathlib import Path
 
 import pytest
 
+from ptdash.recorder import _to_host
 from ptdash.shared.config import RunConfig
 
 
-class _Engine:
-    def __init__(self, config=None):
-        import types
+class _Journal:
+    """What the doctor is handed in the engine: a way to journal events, the config, the models."""
 
+    def __init__(self, config=None):
         self.config = RunConfig(**(config or {}))
-        self.hooks = types.SimpleNamespace(models=[], step=0, main=None)
+        self.models = []
         self.events = []
 
     def event(self, kind, message, **data):
         self.events.append({"kind": kind, "message": message, "data": data})
+
+    def doctor(self):
+        from ptdash.doctor import Doctor
+
+        return Doctor(self.event, self.config, lambda: self.models, lambda: 0)
 
     def found(self):
         return [e["data"]["id"] for e in self.events if e["kind"] == "finding"]
@@ -28,13 +34,12 @@ class _Engine:
 def _loop(shape: str, steps: int = 8, config=None):
     import torch
 
-    from ptdash.doctor import Doctor
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    engine = _Engine(config)
-    doctor = Doctor(engine)
+    engine = _Journal(config)
+    doctor = engine.doctor()
     doctor.attach()
     try:
         for step in range(1, steps + 1):
@@ -55,7 +60,7 @@ def _loop(shape: str, steps: int = 8, config=None):
             doctor.on_pre_step(opt, step, [p for p in model.parameters() if p.grad is not None])
             opt.step()
             doctor.on_post_step(opt, step)
-            engine.hooks.models = [model]
+            engine.models = [model]
             if shape == "module_zero_after":
                 model.zero_grad()
             elif shape == "none_after":
@@ -66,8 +71,8 @@ def _loop(shape: str, steps: int = 8, config=None):
                     p.grad.data.zero_()
             if shape == "zero_between_keep":
                 norms = [float(p.grad.norm()) for p in model.parameters()]
-                doctor.on_flush([], [_LayerRow(step, norms)])
-        doctor.on_flush([], [])
+                doctor.on_flush([], [_LayerRow(step, norms)], _to_host)
+        doctor.on_flush([], [], _to_host)
     finally:
         doctor.detach()
     return engine
@@ -98,16 +103,15 @@ def test_zero_grad_keeping_zeros_between_backward_and_step_is_confirmed_at_the_f
 def test_detect_anomaly_is_switched_on_only_on_request_and_restored():
     import torch
 
-    from ptdash.doctor import Doctor
 
-    doctor = Doctor(_Engine({"detect_anomaly": True}))
+    doctor = _Journal({"detect_anomaly": True}).doctor()
     doctor.attach()
     try:
         assert torch.is_anomaly_enabled()
     finally:
         doctor.detach()
     assert not torch.is_anomaly_enabled()
-    doctor = Doctor(_Engine())
+    doctor = _Journal().doctor()
     doctor.attach()
     assert not torch.is_anomaly_enabled()
     doctor.detach()
@@ -116,7 +120,7 @@ def test_detect_anomaly_is_switched_on_only_on_request_and_restored():
 def test_plateau_ignores_noise_on_a_falling_loss_and_flags_a_flat_one():
     import random
 
-    from ptdash.doctor_rules import Plateau
+    from ptdash.doctor.trends import Plateau
 
     rng = random.Random(0)
     falling = Plateau()
@@ -129,7 +133,7 @@ def test_plateau_ignores_noise_on_a_falling_loss_and_flags_a_flat_one():
 
 
 def test_lr_zero_forgives_a_warmup_that_starts_at_zero():
-    from ptdash.doctor_rules import LrZero
+    from ptdash.doctor.trends import LrZero
 
     warmup = [[s, 0.0, {"opt/lr/group0": (s - 1) * 1e-4}] for s in range(1, 50)]
     assert LrZero().add(warmup) is None
@@ -140,7 +144,7 @@ def test_lr_zero_forgives_a_warmup_that_starts_at_zero():
 def test_sync_sampler_counts_lines_that_sync_every_sampled_step():
     import warnings
 
-    from ptdash.doctor_rules import SyncSampler
+    from ptdash.doctor.syncs import SyncSampler
 
     modes = []
     sampler = SyncSampler(first=3, set_mode=modes.append, get_mode=lambda: 0)
@@ -170,10 +174,9 @@ def test_sync_sampler_counts_lines_that_sync_every_sampled_step():
 def test_inplace_crash_under_detect_anomaly_names_the_forward_op():
     import torch
 
-    from ptdash.doctor import Doctor
 
-    engine = _Engine({"detect_anomaly": True})
-    doctor = Doctor(engine)
+    engine = _Journal({"detect_anomaly": True})
+    doctor = engine.doctor()
     doctor.attach()
     try:
         h = torch.randn(4, requires_grad=True)
@@ -194,13 +197,12 @@ def test_inplace_crash_under_detect_anomaly_names_the_forward_op():
 def test_ddp_unused_parameter_error_names_the_parameters():
     import torch
 
-    from ptdash.doctor import Doctor
 
     model = torch.nn.ModuleDict({"used": torch.nn.Linear(4, 1), "spare": torch.nn.Linear(4, 1)})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    engine = _Engine()
-    engine.hooks.models = [model]
-    doctor = Doctor(engine)
+    engine = _Journal()
+    engine.models = [model]
+    doctor = engine.doctor()
     doctor.attach()
     try:
         model["used"](torch.randn(2, 4)).sum().backward()
@@ -215,17 +217,21 @@ def test_ddp_unused_parameter_error_names_the_parameters():
 
 
 def test_input_bound_blames_only_loader_settings_that_explain_it():
-    from ptdash.doctor_rules import DataWatch
+    from ptdash.doctor.data import DataWatch
 
     found = []
     watch = DataWatch(lambda rule, what, **data: found.append((rule, data)), lambda: 0)
+    hints = []
+    hint = lambda message, data: hints.append(message)  # noqa: E731
     watch.loader = (4, True, "train.py:9")
-    watch.input_bound(0.8, 30, cuda=True)
-    assert found == []  # parallel and pinned: the generic monitor hint is all there is to say
+    watch.input_bound(0.8, 30, cuda=True, hint=hint)
+    assert found == [] and "80%" in hints[0]  # parallel and pinned: only the generic hint is left to say
+    assert len(hints) == 1
     watch.loader = (4, False, "train.py:9")
-    watch.input_bound(0.8, 30, cuda=True)
+    watch.input_bound(0.8, 30, cuda=True, hint=hint)
     (rule, data), = found
     assert rule == "input-bound" and "pin_memory=True" in data["fix"] and "num_workers=" not in data["fix"]
+    assert len(hints) == 2  # the System tab's line comes with the finding
 
 
 def test_host_sync_sampling_end_to_end_in_process(monkeypatch):
@@ -235,14 +241,13 @@ def test_host_sync_sampling_end_to_end_in_process(monkeypatch):
 
     import torch
 
-    from ptdash import doctor_rules
-    from ptdash.doctor import Doctor
+    from ptdash.doctor.syncs import SyncSampler
 
     modes = []
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    engine = _Engine()
-    doctor = Doctor(engine)
-    doctor.syncs = doctor_rules.SyncSampler(first=3, set_mode=modes.append, get_mode=lambda: 0)
+    engine = _Journal()
+    doctor = engine.doctor()
+    doctor.syncs = SyncSampler(first=3, set_mode=modes.append, get_mode=lambda: 0)
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     shown = []
@@ -263,3 +268,28 @@ def test_host_sync_sampling_end_to_end_in_process(monkeypatch):
     (finding,) = [e["data"] for e in engine.events if e["kind"] == "finding"]
     assert finding["id"] == "host-syncs" and finding["step"] == 4 and "test_doctor_rules.py:" in finding["source"]
     assert finding["lines"][0]["per_step"] == 1 and modes == ["warn", 0] and shown == []
+
+
+def test_input_bound_is_one_detector_fed_by_sampled_steps_across_flushes():
+    from ptdash.doctor.data import InputBound
+
+    # The data wait is timed on sampled steps only: each flush brings a couple of timed rows.
+    detector = InputBound()
+    found = []
+    for flush in range(12):
+        rows = [[s, 0.0, {"loss": 1.0, "time/step_s": 0.1, **({"time/data_s": 0.08} if s % 16 == 0 else {})}]
+                for s in range(flush * 32 + 1, flush * 32 + 33)]
+        found.append(detector.add(rows))
+    first = next(i for i, f in enumerate(found) if f)
+    assert first == 9  # the 20th timed step arrives in the tenth flush
+    share, steps = found[first]
+    assert share == pytest.approx(0.8) and steps == 20
+    assert not any(found[first + 1:])  # it fires once
+
+
+def test_a_loop_that_does_not_wait_for_data_is_not_input_bound():
+    from ptdash.doctor.data import InputBound
+
+    detector = InputBound()
+    rows = [[s, 0.0, {"time/step_s": 0.1, "time/data_s": 0.01}] for s in range(1, 200)]
+    assert detector.add(rows) is None

@@ -92,24 +92,8 @@ def test_nonfinite_loss_is_reported():
     assert events and "non-finite loss at step 1" in events[0][1]
 
 
-def test_input_bound_hint():
-    m = Monitor(Thresholds(warmup_steps=1))
-    rows = [[s, 0.0, {"loss": 1.0, "time/data_s": 0.08, "time/step_s": 0.1}] for s in range(1, 10)]
-    (kind, message, data), = m.check_rows(rows)
-    assert kind == "hint" and "num_workers" in message and data["data_share"] == pytest.approx(0.8)
 
 
-def test_input_bound_hint_from_sampled_steps_across_flushes():
-    # The data wait is timed on one step in 16: each flush brings a couple of timed rows.
-    m = Monitor(Thresholds(warmup_steps=1))
-    events = []
-    for flush in range(3):
-        rows = [[s, 0.0, {"loss": 1.0, "time/step_s": 0.1, **({"time/data_s": 0.08} if s % 16 == 0 else {})}]
-                for s in range(flush * 32 + 1, flush * 32 + 33)]
-        events.append(m.check_rows(rows))
-    assert events[:2] == [[], []]  # two flushes: four timed steps, not yet enough
-    (kind, _, data), = events[2]
-    assert kind == "hint" and data["data_share"] == pytest.approx(0.8)
 
 
 def test_layer_flags_name_the_first_affected_layer():
