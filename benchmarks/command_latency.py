@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from ptdash.shared import rundir
+from ptdash.shared.client import Client
 from ptdash.shared.protocol import Ack, Command
-from ptdash.shared.transport import Client
 
 STEADY = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "steady.py"
 

@@ -88,7 +88,8 @@ CLIENT_CODE = r"""
 import sys, time
 from ptdash.shared.config import RunConfig
 from ptdash.shared.protocol import Metrics
-from ptdash.shared.transport import Client, TransportError
+from ptdash.shared.client import Client
+from ptdash.shared.protocol import TransportError
 
 client = Client(sys.argv[1], sys.argv[2], name="overhead-benchmark")
 client.connect()
@@ -302,10 +303,19 @@ class HookClock:
         self.ns = 0
         for name in ("_pre_step", "_post_step", "_on_forward"):
             setattr(hooks, name, self._clocked(getattr(hooks, name), +1))
-        for name in ("_wrap_backward", "_wrap_zero_grad", "_wrap_scale"):
-            factory = getattr(hooks, name)
-            setattr(hooks, name, lambda original, factory=factory:
-                    self._clocked(factory(self._clocked(original, -1)), +1))
+        from ptdash import wrappers
+
+        # The wrappers are made at attach time from these module functions; ``close``
+        # puts the module's own back, so the next workload's clock does not wrap this one.
+        self._wrappers = wrappers
+        self._factories = {name: getattr(wrappers, name) for name in ("wrap_backward", "wrap_zero_grad", "wrap_scale")}
+        for name, factory in self._factories.items():
+            setattr(wrappers, name, lambda owner, original, factory=factory:
+                    self._clocked(factory(owner, self._clocked(original, -1)), +1))
+
+    def close(self) -> None:
+        for name, factory in self._factories.items():
+            setattr(self._wrappers, name, factory)
 
     def _clocked(self, fn, sign: int):
         """``fn`` with its time added to (+1) or taken from (-1, torch's own part) the clock."""
@@ -429,7 +439,7 @@ def measure(name: str, steps: int, rounds: int, warmup: int, pairs: int, pair_st
     variants = WORKLOADS[name][0]
     total = warmup * 2 + rounds * len(variants) * (steps + 1) + pairs * (len(variants) - 1) * (pair_steps + 1) + 10
     with live_engine(root, name, client) as (engine, extra):
-        settle = engine.flush_interval + 0.1
+        settle = engine.config.flush_interval + 0.1
         # Built with the hooks attached, as under the ptdash command, so discovery runs.
         w = MAKERS[name](total)
         result = Result(w, variants)
@@ -448,6 +458,7 @@ def measure(name: str, steps: int, rounds: int, warmup: int, pairs: int, pair_st
             result.norm_isolated.append(time_norm_isolated([p.grad for p in w.params if p.grad is not None]))
             load.append(os.getloadavg()[0])
         time_pairs(engine, w, pairs, pair_steps, result, clock)
+        clock.close()
         result.steps_recorded = engine.hooks.step
     result.client = extra["client"]
     return result
@@ -570,7 +581,6 @@ def verdicts(results: list[Result], summaries: list[dict], all_costs: list[dict]
     lines = []
     for result, s, c in zip(results, summaries, all_costs):
         name = result.workload.name
-        p = s["ptdash"]
         if name == "gpt":
             plain = c["plain_us"]
             limit = (GPT_TARGET_RATIO - 1) * plain

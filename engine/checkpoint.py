@@ -1,4 +1,5 @@
-"""Checkpoints with no code change: find the state, save it atomically, load it back.
+"""Checkpoints with no code change: the format, atomic saves, loading back, and the
+``Checkpointer`` part that saves the script's objects at a step boundary.
 
 A checkpoint is a plain dict (loadable with ``torch.load(path, weights_only=True)``):
 
@@ -11,7 +12,6 @@ A checkpoint is a plain dict (loadable with ``torch.load(path, weights_only=True
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 import re
@@ -19,72 +19,14 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
+
+from .discovery import Discovery, model_names, unwrap
 
 FORMAT_VERSION = 1
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or applied; the message is one line for the user."""
-
-
-# ------------------------------------------------------------------------- discovery
-
-
-def find_models(optimizers: list[torch.optim.Optimizer]) -> list[nn.Module]:
-    """The outermost modules owning the optimizers' parameters.
-
-    One pass over the garbage collector's objects at the first optimizer step (tens of
-    milliseconds, once) instead of global forward hooks, which cost microseconds on every
-    module call and force torch.compile to recompile when removed.
-    """
-    wanted = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
-    if not wanted:
-        return []
-    # type() rather than isinstance(): some proxies warn when asked for __class__.
-    modules = [o for o in gc.get_objects() if issubclass(type(o), nn.Module) and "_modules" in o.__dict__]
-    parents: dict[int, list[nn.Module]] = {}
-    for m in modules:
-        for child in m._modules.values():
-            if child is not None:
-                parents.setdefault(id(child), []).append(m)
-    roots: dict[int, nn.Module] = {}
-    stack = [m for m in modules if any(p is not None and id(p) in wanted for p in m._parameters.values())]
-    seen: set[int] = set()
-    while stack:
-        m = stack.pop()
-        if id(m) in seen:
-            continue
-        seen.add(id(m))
-        ups = parents.get(id(m))
-        if ups:
-            stack.extend(ups)
-        else:
-            # A wrapper (DDP, torch.compile) holds the model as a child, so it is the root.
-            roots[id(m)] = m
-    return list(roots.values())
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's model inside DistributedDataParallel / DataParallel / torch.compile."""
-    while True:
-        if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        elif isinstance(getattr(model, "module", None), nn.Module) and type(model).__name__ in (
-                "DistributedDataParallel", "DataParallel"):
-            model = model.module
-        else:
-            return model
-
-
-def model_names(models: list[nn.Module]) -> list[str]:
-    """Stable, distinct names for the models: their class names, numbered on clashes."""
-    names, seen = [], {}
-    for m in models:
-        base = type(unwrap(m)).__name__
-        seen[base] = seen.get(base, 0) + 1
-        names.append(base if seen[base] == 1 else f"{base}{seen[base]}")
-    return names
 
 
 # ------------------------------------------------------------------------------- rng
@@ -211,3 +153,77 @@ def prune(directory: Path, keep_last: int) -> list[Path]:
     for p in removed:
         p.unlink(missing_ok=True)
     return removed
+
+
+class Checkpointer:
+    """Saves the script's objects (found by ``discovery``) with ptdash's live settings and
+    command journal; loads a checkpoint back at the first forward of a resumed run.
+
+    Under DDP every rank calls ``save`` at the same step; rank 0 writes, between two
+    barriers of the rank channel, so a checkpoint counts as complete only once every rank
+    has reached the barrier after the write.
+    """
+
+    def __init__(self, run_dir: Path | None, run_id: str, discovery: Discovery, journal, settings, config,
+                 barrier=lambda: None) -> None:
+        self.run_dir, self.run_id = run_dir, run_id
+        self._discovery, self._journal, self._settings, self._config = discovery, journal, settings, config
+        self._barrier = barrier
+        self.last_save = time.monotonic()
+        self._resume: dict | None = None
+        self.start_step = 0
+        """The step a resumed run continues from (0 when not resuming)."""
+
+    def save(self, step: int, reason: str) -> str:
+        """Save now (training thread, every rank); return a one-line summary (rank 0's)."""
+        self._barrier()
+        try:
+            return self._write(step, reason) if self.run_dir is not None else ""
+        finally:
+            self.last_save = time.monotonic()
+            self._barrier()
+
+    def _write(self, step: int, reason: str) -> str:
+        t0 = time.perf_counter()
+        d = self._discovery
+        models = d.ensure_models()
+        obj = build(step, models, d.live(d.optimizers), d.top_schedulers(), d.live(d.scalers),
+                    {"run_id": self.run_id, "reason": reason,
+                     "controls": {"clip": self._settings.clip, "lr_scale": self._settings.lr_scale},
+                     "journal": [e for e in self._journal.commands()]})
+        path = self.run_dir / "checkpoints" / f"step-{step}.pt"
+        size = save_atomic(obj, path)
+        seconds = time.perf_counter() - t0
+        if self._config.keep_last:
+            prune(path.parent, self._config.keep_last)
+        summary = f"saved {path} ({size / 1e6:.1f} MB in {seconds:.2f} s)"
+        self._journal.event("checkpoint", summary, path=str(path), bytes=size, seconds=seconds, reason=reason)
+        return summary
+
+    def due(self, step: int) -> bool:
+        """Whether ``--checkpoint-every`` asks for a save after step ``step``."""
+        every, every_s = self._config.checkpoint_every, self._config.checkpoint_every_s
+        return bool((every and step % every == 0)
+                    or (every_s and time.monotonic() - self.last_save >= every_s))
+
+    # ------------------------------------------------------------------ resume
+
+    def load_resume(self) -> dict | None:
+        """Read ``--resume``'s checkpoint (before the script runs); its saved controls, or None."""
+        if not self._config.resume:
+            return None
+        self._resume = load(Path(self._config.resume))
+        self.start_step = int(self._resume["ptdash"]["step"])
+        return self._resume["ptdash"].get("controls", {})
+
+    @property
+    def resuming(self) -> bool:
+        return self._resume is not None
+
+    def apply_resume(self) -> None:
+        """Load the checkpoint into the script's objects (at its first forward or step)."""
+        ckpt, self._resume = self._resume, None
+        d = self._discovery
+        warnings = apply(ckpt, d.ensure_models(), d.live(d.optimizers), d.top_schedulers(), d.live(d.scalers))
+        self._journal.event("run", f"resumed from {self._config.resume} at step {self.start_step}"
+                            + (f" ({'; '.join(warnings)})" if warnings else ""))

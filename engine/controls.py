@@ -14,6 +14,7 @@ import collections
 import math
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .shared.protocol import Command, validate_command
 
@@ -55,20 +56,24 @@ class Pending:
 
 
 class Controls:
-    """Owns the inbox and the live settings; ``Engine`` supplies the effects.
+    """Owns the inbox and the live settings; the parts it steers are handed to it.
 
-    ``effects`` has: ``ack(cmd, ok, step, message)``, ``set_state(state, **status)``,
-    ``checkpoint(step, reason) -> str`` (a summary), ``start_profile(cmd, step)``,
-    ``kill()``, and ``step_seconds()`` (recent step time, to space rank exchanges).
+    ``journal`` answers and journals (``ack``, ``set_state``); ``save(step, reason)``
+    saves a checkpoint and returns its summary; ``profile(cmd, step)`` opens a profile
+    window; ``kill()`` ends the run at once; ``step_seconds()`` is the recent step time
+    (to space the rank exchanges); ``dist`` is the multi-rank channel, or None alone.
     """
 
-    def __init__(self, settings: Settings, effects, dist=None) -> None:
+    def __init__(self, settings: Settings, journal, save: Callable[[int, str], str],
+                 profile: Callable[[Command, int], None], kill: Callable[[], None],
+                 step_seconds: Callable[[], float], dist=None) -> None:
         self.settings = settings
         self.dist = dist
         """The multi-rank channel (distributed.Distributed) or None when alone."""
         self.paused = False
         self.pending = Pending()
-        self._fx = effects
+        self._journal, self._save, self._profile, self._kill = journal, save, profile, kill
+        self._step_seconds = step_seconds
         self._inbox: collections.deque[Command] = collections.deque()
         self._wake = threading.Event()
         self.requested_pause = False
@@ -79,10 +84,10 @@ class Controls:
         """Validate and queue a command; refuse it at once when invalid."""
         error = validate_command(cmd)
         if error:
-            self._fx.ack(cmd, False, None, error)
+            self._journal.ack(cmd, False, None, error)
             return
         if cmd.name == "kill":
-            self._fx.kill()
+            self._kill()
             return
         if cmd.name == "pause":
             self.requested_pause = True
@@ -114,7 +119,7 @@ class Controls:
     def pause_here(self, step: int, message: str) -> None:
         """Pause now, on the training thread (an anomaly), until a resume or stop arrives."""
         self.paused = True
-        self._fx.set_state("paused", paused_at=step)
+        self._journal.set_state("paused", paused_at=step)
         self.at_step_start(step)
 
     def at_save_point(self, step: int) -> None:
@@ -123,24 +128,24 @@ class Controls:
         if pending.checkpoint:
             ids, pending.checkpoint = pending.checkpoint, []
             try:
-                summary = self._fx.checkpoint(step, pending.reason or "requested")
+                summary = self._save(step, pending.reason or "requested")
             except Exception as exc:  # a failed save must not kill training
                 for cid in ids:
-                    self._fx.ack(Command(cid, "checkpoint"), False, step, f"checkpoint failed: {exc}")
+                    self._journal.ack(Command(cid, "checkpoint"), False, step, f"checkpoint failed: {exc}")
             else:
                 for cid in ids:
                     if cid:
-                        self._fx.ack(Command(cid, "checkpoint"), True, step, summary)
+                        self._journal.ack(Command(cid, "checkpoint"), True, step, summary)
             pending.reason = ""
         if pending.stop is not None:
             cid, pending.stop = pending.stop, None
             try:
-                summary = self._fx.checkpoint(step, "stop")
+                summary = self._save(step, "stop")
             except Exception as exc:
                 summary = f"checkpoint failed: {exc}"
-            self._fx.ack(Command(cid, "stop"), True, step, f"stopping after step {step}; {summary}")
+            self._journal.ack(Command(cid, "stop"), True, step, f"stopping after step {step}; {summary}")
             self.paused = False
-            self._fx.set_state("stopping")
+            self._journal.set_state("stopping")
             raise StopTraining()
 
     def request_checkpoint(self, reason: str) -> None:
@@ -159,7 +164,7 @@ class Controls:
                 return
             # Commands beyond one packet wait for the next exchange.
             before = self.dist.exchange_seconds, self.dist.exchanges
-            applied = self.dist.exchange(local, step, self._fx.step_seconds())
+            applied = self.dist.exchange(local, step, self._step_seconds())
             if paused:  # the pause's heartbeat is not a cost of training
                 self.dist.exchange_seconds, self.dist.exchanges = before
             self._inbox.extendleft(reversed(local[len(applied):]))
@@ -168,7 +173,7 @@ class Controls:
             self._apply(cmd, step)
 
     def _apply(self, cmd: Command, step: int) -> None:
-        fx, s = self._fx, self.settings
+        fx, s = self._journal, self.settings
         if cmd.name == "pause":
             self.requested_pause = False
             if self.paused:
@@ -201,7 +206,7 @@ class Controls:
             self.pending.stop = cmd.id
             fx.set_state("stopping")
         elif cmd.name == "profile":
-            fx.start_profile(cmd, step)
+            self._profile(cmd, step)
 
 
 def _fmt(clip: float | None) -> str:

@@ -3,20 +3,20 @@
 All of it is public PyTorch API or a plain attribute swap, installed by ``attach()`` and
 undone by ``detach()``:
 
-- global optimizer step pre/post hooks: the step boundary (commands, pause, clipping,
-  LR factor, gradient norms, step counting and timing);
-- ``torch.autograd.backward``: the loss, kept as a detached device scalar;
-- ``clip_grad_norm_`` / ``clip_grads_with_norm_``: the live clip value overrides the
-  script's, and the pre-clip norm is seen;
-- ``Optimizer.__init__``, ``LRScheduler.__new__``, ``GradScaler.__init__``/``scale``:
-  discovery of what checkpoints need, and the unscaled loss under GradScaler;
+- global optimizer step pre/post hooks (here): the step boundary (commands, pause,
+  clipping, LR factor, gradient norms, step counting and timing);
+- ``torch.autograd.backward``, ``GradScaler.scale``, ``Optimizer.zero_grad``,
+  ``clip_grad_norm_`` / ``clip_grads_with_norm_`` (wrappers.py): the loss, the unscaled
+  loss, and the live clip value over the script's own;
+- ``Optimizer.__init__``, ``LRScheduler.__new__``, ``GradScaler.__init__``
+  (discovery.py): what checkpoints need;
 - a forward pre-hook on the model once it is known, on the steps the doctor watches and
   whenever a checkpoint is due: time spent waiting for data, the batch size, and the save
   point at the start of a step.
 
 The hot path is what runs at every step of the main optimizer: a loss reference kept at
 ``backward``, one fused norm pass (shared with the script's own clipping), a finite check
-on CPU, and a tuple record appended for the flusher. Everything else is sampled.
+on CPU, and a StepRecord appended for the flusher. Everything else is sampled.
 
 Nothing here waits for the device: the only ``.item()`` calls read CPU tensors.
 """
@@ -28,13 +28,15 @@ import math
 import operator
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from . import checkpoint, metrics
+from . import metrics, wrappers
+from .discovery import find_models
 from .patching import Patches
+from .recorder import StepRecord
 
 _GRAD = operator.attrgetter("grad")
 _LR = operator.itemgetter("lr")
@@ -45,17 +47,26 @@ _FLOAT = {float}
 
 
 class Hooks:
-    """Installs the hooks and keeps the per-step bookkeeping for one process."""
+    """Installs the hooks and keeps the per-step bookkeeping for one process.
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
+    It is handed the parts a step touches: the live ``settings``, the ``controls``
+    applied at step boundaries, the ``recorder`` the records go to, the ``doctor``, the
+    ``discovery`` registries, the ``anomalies`` handler of a non-finite step, the values
+    ``ptdash.log`` gave (``user_values``), and three moments of the lifecycle:
+    ``first_step()`` (before the first update: join the rank channel),
+    ``discovered(opt)`` (after the first step) and ``step_end(step)``.
+    """
+
+    def __init__(self, settings, controls, recorder, doctor, discovery, anomalies, user_values,
+                 first_step: Callable[[], None], discovered: Callable[[Any], None],
+                 step_end: Callable[[int], None]) -> None:
+        self.settings, self.controls, self.recorder, self.doctor = settings, controls, recorder, doctor
+        self.discovery, self.anomalies, self.user_values = discovery, anomalies, user_values
+        self._first_step, self._discovered_cb, self._step_end = first_step, discovered, step_end
         self.step = 0
         """Completed steps of the main optimizer (the first one that stepped)."""
         self.main: weakref.ref | None = None
-        self.optimizers: list[weakref.ref] = []
-        self.schedulers: list[weakref.ref] = []
-        self.scalers: list[weakref.ref] = []
-        self.models: list[torch.nn.Module] = []
+        discovery.on_models.append(self._on_models)
         self._handles: list[Any] = []
         self._patches = Patches()
         self._model_hook = None
@@ -102,21 +113,19 @@ class Hooks:
             register_optimizer_step_pre_hook(self._pre_step),
             register_optimizer_step_post_hook(self._post_step),
         ]
-        self._patch(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
+        self._patch(torch.autograd, "backward", wrappers.wrap_backward(self, torch.autograd.backward))
         clip_module = torch.nn.utils.clip_grad
-        clip = self._wrap_clip(clip_module.clip_grad_norm_)
+        clip = wrappers.wrap_clip(self, clip_module.clip_grad_norm_)
         self._patch(clip_module, "clip_grad_norm_", clip)
         self._patch(torch.nn.utils, "clip_grad_norm_", clip)
         if hasattr(torch.nn.utils, "clip_grads_with_norm_"):
-            with_norm = self._wrap_clip_with_norm(torch.nn.utils.clip_grads_with_norm_)
+            with_norm = wrappers.wrap_clip_with_norm(self, torch.nn.utils.clip_grads_with_norm_)
             self._patch(torch.nn.utils, "clip_grads_with_norm_", with_norm)
             if hasattr(clip_module, "clip_grads_with_norm_"):
                 self._patch(clip_module, "clip_grads_with_norm_", with_norm)
-        self._patch_init(torch.optim.Optimizer, self.optimizers)
-        self._patch_new(torch.optim.lr_scheduler.LRScheduler, self.schedulers)
-        self._patch_init(torch.amp.GradScaler, self.scalers)
-        self._patch(torch.amp.GradScaler, "scale", self._wrap_scale(torch.amp.GradScaler.scale))
-        self._patch(torch.optim.Optimizer, "zero_grad", self._wrap_zero_grad(torch.optim.Optimizer.zero_grad))
+        self.discovery.attach(self._patches)
+        self._patch(torch.amp.GradScaler, "scale", wrappers.wrap_scale(self, torch.amp.GradScaler.scale))
+        self._patch(torch.optim.Optimizer, "zero_grad", wrappers.wrap_zero_grad(self, torch.optim.Optimizer.zero_grad))
         if self._forward_on:  # attached again after a detach
             self._set_forward_hook(True)
 
@@ -155,41 +164,10 @@ class Hooks:
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
         self._patches.set(owner, name, replacement)
 
-    def _patch_init(self, cls: type, registry: list) -> None:
-        original = cls.__init__
-
-        def __init__(obj, *args, **kwargs):
-            original(obj, *args, **kwargs)
-            if not any(r() is obj for r in registry):
-                registry.append(weakref.ref(obj))
-
-        self._patch(cls, "__init__", __init__)
-
-    def _patch_new(self, cls: type, registry: list) -> None:
-        # __new__ rather than __init__: ReduceLROnPlateau, SequentialLR and ChainedScheduler
-        # do not call LRScheduler.__init__.
-        def __new__(klass, *args, **kwargs):
-            obj = object.__new__(klass)
-            registry.append(weakref.ref(obj))
-            return obj
-
-        self._patch(cls, "__new__", __new__)
-
     # ----------------------------------------------------------------- discovery
 
-    def live(self, registry: list[weakref.ref]) -> list:
-        """The objects of a registry that still exist, in creation order."""
-        return [o for o in (r() for r in registry) if o is not None]
-
-    def top_schedulers(self) -> list:
-        """Schedulers not owned by a composite one (SequentialLR, ChainedScheduler)."""
-        scheds = self.live(self.schedulers)
-        children = {id(c) for s in scheds for c in getattr(s, "_schedulers", [])}
-        return [s for s in scheds if id(s) not in children]
-
-    def set_models(self, models: list[torch.nn.Module]) -> None:
-        """Use these models for checkpoints, layer names and the forward timing hook."""
-        self.models = list(models)
+    def _on_models(self, models: list[torch.nn.Module]) -> None:
+        """The models changed: the forward timing hook goes on the new first one."""
         if self._model_hook is not None:
             self._model_hook.remove()
             self._model_hook = None
@@ -197,106 +175,18 @@ class Hooks:
 
     def _set_forward_hook(self, on: bool) -> None:
         self._forward_on = on
-        if on and self._model_hook is None and self.models:
-            self._model_hook = self.models[0].register_forward_pre_hook(self._on_forward)
+        models = self.discovery.models
+        if on and self._model_hook is None and models:
+            self._model_hook = models[0].register_forward_pre_hook(self._on_forward)
         elif not on and self._model_hook is not None:
             self._model_hook.remove()
             self._model_hook = None
 
     def _discover(self, opt: torch.optim.Optimizer) -> None:
-        if not self.models:
-            self.set_models(checkpoint.find_models([opt]))
+        if not self.discovery.models:
+            self.discovery.set_models(find_models([opt]))
         self.layer_params = [p for g in opt.param_groups for p in g["params"]]
-        self.engine.on_discovered(opt)
-
-    # ----------------------------------------------------------------- the patches
-
-    def _wrap_backward(self, original):
-        hooks, doctor, Tensor = self, self.engine.doctor, torch.Tensor
-
-        def backward(tensors, *args, **kwargs):
-            t = tensors
-            if not isinstance(t, Tensor):
-                t = t[0] if isinstance(t, (list, tuple)) and len(t) == 1 else None
-            if isinstance(t, Tensor) and t.numel() == 1:
-                if hooks._unscaled:
-                    ref, raw = hooks._unscaled.pop(id(t), (None, None))
-                    if ref is not None and ref() is t:
-                        t = raw
-                hooks._losses.append(t.detach())
-            if doctor.watching:
-                doctor.on_backward()
-            return original(tensors, *args, **kwargs)
-
-        backward.__wrapped__ = original
-        return backward
-
-    def _wrap_scale(self, original):
-        hooks = self
-
-        def scale(scaler, outputs):
-            scaled = original(scaler, outputs)
-            if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor) and outputs.numel() == 1:
-                # The loss before scaling, for the loss chart, found again at its backward.
-                if len(hooks._unscaled) > 64:  # scaled losses that never ran backward
-                    hooks._unscaled.clear()
-                hooks._unscaled[id(scaled)] = (weakref.ref(scaled), outputs.detach())
-            return scaled
-
-        scale.__wrapped__ = original
-        return scale
-
-    def _wrap_zero_grad(self, original):
-        hooks, doctor = self, self.engine.doctor
-
-        def zero_grad(opt, *args, **kwargs):
-            if not hooks._in_step and (hooks.main is None or hooks.main() is opt):
-                # What a step GradScaler skipped left behind (no optimizer hook fired)
-                # must not be counted in the next step.
-                if hooks._losses:
-                    hooks._losses = []
-                hooks._norms = None
-                hooks._clip_max = None
-            if doctor.watching:
-                doctor.on_zero_grad(opt)
-            return original(opt, *args, **kwargs)
-
-        zero_grad.__wrapped__ = original
-        return zero_grad
-
-    def _wrap_clip(self, original):
-        hooks = self
-
-        @torch.no_grad()
-        def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
-            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-            override = hooks.engine.settings.clip
-            effective = float(max_norm) if override is None else override
-            if error_if_nonfinite:
-                # Rare; keep torch's own error path exactly.
-                total = original(params, effective, norm_type, error_if_nonfinite, foreach)
-                hooks._note_clip(total, None, params, effective)
-                return total
-            with_grad = [p for p in params if p.grad is not None]
-            per_tensor, total = metrics.grad_norms([p.grad for p in with_grad], norm_type, foreach)
-            metrics.clip_with_norm(params, effective, total, foreach)
-            hooks._note_clip(total, per_tensor, with_grad, effective)
-            return total
-
-        clip_grad_norm_.__wrapped__ = original
-        return clip_grad_norm_
-
-    def _wrap_clip_with_norm(self, original):
-        hooks = self
-
-        def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None):
-            override = hooks.engine.settings.clip
-            effective = float(max_norm) if override is None else override
-            hooks._note_clip(total_norm, None, None, effective)
-            return original(parameters, effective, total_norm, foreach)
-
-        clip_grads_with_norm_.__wrapped__ = original
-        return clip_grads_with_norm_
+        self._discovered_cb(opt)
 
     def _note_clip(self, total, per_tensor, params, max_norm: float) -> None:
         self._clip_max = max_norm
@@ -314,8 +204,7 @@ class Hooks:
             # The first optimizer that steps is the main one (or the next, once it is gone).
             self.main = weakref.ref(opt)
             self._params_of = (None, 0)
-            if not any(r() is opt for r in self.optimizers):
-                self.optimizers.append(weakref.ref(opt))
+            self.discovery.add(self.discovery.optimizers, opt)
             return True
         return main is opt
 
@@ -328,8 +217,8 @@ class Hooks:
             self._t_pre = _perf_counter()
             if not self._dist_checked:
                 self._dist_checked = True
-                self.engine.setup_distributed()
-            controls = self.engine.controls
+                self._first_step()
+            controls = self.controls
             if controls.has_work(self.step):
                 if closure is None:
                     # Serve what the forward hook would have served (model not known yet).
@@ -348,7 +237,7 @@ class Hooks:
                 result = (args, {**kwargs, "closure": wrapped})
         else:
             self._grads_ready(opt, main, True)
-        if self.engine.settings.lr_scale != 1.0:
+        if self.settings.lr_scale != 1.0:
             self._scale_lr(opt)
         return result
 
@@ -385,7 +274,7 @@ class Hooks:
         return (params, *metrics.grad_norms(grads))
 
     def _grads_ready(self, opt, main: bool, measure: bool) -> None:
-        override = self.engine.settings.clip
+        override = self.settings.clip
         script_clipped = self._clip_max is not None
         if not main or not measure:
             if override is not None and not script_clipped:
@@ -403,7 +292,7 @@ class Hooks:
                 metrics.clip_with_norm(params, override, total)
                 self._clip_max = override
         per_tensor, total = norms
-        doctor = self.engine.doctor
+        doctor = self.doctor
         if doctor.watching:
             doctor.on_pre_step(opt, self.step + 1, self.layer_params)
         if total.is_cpu:
@@ -417,7 +306,7 @@ class Hooks:
                     if loss.is_cpu and not _isfinite(loss.item()):
                         finite = False
                 if not finite:
-                    self.engine.on_nonfinite(opt, self.step + 1, per_tensor, self.layer_params)
+                    self.anomalies.before_update(opt, self.step + 1, per_tensor, self.layer_params)
                     return
         elif self.grad_device != total.device.type:
             self.grad_device = total.device.type
@@ -427,7 +316,7 @@ class Hooks:
             self._before = torch._foreach_mul(metrics.ratio_samples(self._before_params), 1.0)
 
     def _scale_lr(self, opt) -> None:
-        scale = self.engine.settings.lr_scale
+        scale = self.settings.lr_scale
         for group in opt.param_groups:
             self._saved_lrs.append((group, group["lr"]))
             group["lr"] = group["lr"] * scale
@@ -459,14 +348,13 @@ class Hooks:
         if self._before is not None:
             ratios = metrics.update_ratio(self._before, metrics.ratio_samples(self._before_params))
             self._before = self._before_params = None
-        engine = self.engine
-        engine.recorder.add((  # recorder.STEP_RECORD
+        self.recorder.add(StepRecord(
             step, time.time(), losses, total, per_tensor, self.layer_params if per_tensor is not None else None,
             self._clip_max, lrs, (self._t_post, self._t_forward, self._t_pre, now), self._samples, ratios,
-            engine.take_user_values() if engine.user_values else None))
+            self.user_values.take() if self.user_values.pending else None))
         step_s = now - self._t_post
         self.last_step_s = 0.9 * self.last_step_s + 0.1 * step_s if self.last_step_s else step_s
-        doctor = engine.doctor
+        doctor = self.doctor
         if step >= doctor.post_from:
             doctor.on_post_step(opt, step)
         self.step = step
@@ -481,10 +369,10 @@ class Hooks:
         if not self._discovered:  # the first step of this process (a resumed run starts at N)
             self._discovered = True
             self._discover(opt)
-        engine.on_step_end(step)
+        self._step_end(step)
         # The forward hook times the data wait and serves checkpoints at the start of a
         # step: it is installed for the steps the doctor watches and when a save is due.
-        pending = engine.controls.pending
+        pending = self.controls.pending
         want = doctor.watching or bool(pending.checkpoint) or pending.stop is not None
         if want is not self._forward_on:
             self._set_forward_hook(want)
@@ -498,6 +386,6 @@ class Hooks:
             shape = args[0].shape
             if shape:
                 self._samples += shape[0]
-        controls = self.engine.controls
+        controls = self.controls
         if controls.has_work(self.step):
             controls.at_save_point(self.step)

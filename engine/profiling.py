@@ -150,3 +150,61 @@ class ProfileWindow:
         """``stop()`` then ``report()``: the whole close on the calling (training) thread."""
         self.stop()
         return self.report()
+
+
+class Profiler:
+    """The engine's profile windows: on request (the ``p`` key, ``ptdash ctl profile``) or
+    over ``--profile-steps``. Rank 0 profiles; other ranks keep their pace.
+
+    ``start`` and ``on_step_end`` run on the training thread at step boundaries; the
+    report (about a second to build) is made on a thread of its own.
+    """
+
+    def __init__(self, out_dir: Path | None, journal, window: tuple[int, int] | None = None) -> None:
+        self._out_dir, self._journal, self._window = out_dir, journal, window
+        self._current: ProfileWindow | None = None
+
+    @property
+    def wanted(self) -> bool:
+        """Whether step ends must call ``on_step_end`` (a window is open or configured)."""
+        return self._current is not None or self._window is not None
+
+    def start(self, cmd, step: int, steps: int | None = None) -> None:
+        """Profile the ``steps`` (default: the command's value) steps after ``step``."""
+        steps = int(steps if steps is not None else cmd.value)
+        if self._out_dir is None:
+            return
+        if self._current is not None:
+            if cmd is not None:
+                self._journal.ack(cmd, False, step, "a profile is already being recorded")
+            return
+        window = ProfileWindow(steps, self._out_dir, step + 1)
+        window.start()
+        if window.error:
+            if cmd is not None:
+                self._journal.ack(cmd, False, step, window.error)
+            return
+        self._current = window
+        if cmd is not None:
+            self._journal.ack(cmd, True, step, f"profiling steps {step + 1}-{step + steps}")
+
+    def on_step_end(self, step: int) -> None:
+        window = self._current
+        if window is not None and window.on_step():
+            self._current = None
+            window.stop()
+            import threading
+
+            threading.Thread(target=self._report, args=(window,), name="ptdash-profile", daemon=True).start()
+        if self._window and step + 1 == self._window[0]:
+            (first, last), self._window = self._window, None
+            self.start(None, step, last - first + 1)
+
+    def _report(self, window: ProfileWindow) -> None:
+        report = window.report()
+        a, b = report.get("steps", ["?", "?"])
+        if report.get("error"):
+            self._journal.event("profile", f"profile of steps {a}-{b} failed: {report['error']}", **report)
+            return
+        top = report["top"][0]["name"] if report.get("top") else "nothing"
+        self._journal.event("profile", f"profiled steps {a}-{b}: top op {top}; trace {report['trace']}", **report)

@@ -1,9 +1,9 @@
 """Per-step records, kept on the device by the training thread and moved to the host in
 batches by the flusher thread.
 
-The training thread only builds a tuple of what it already holds (tensor references,
-floats, timestamps) and appends it (a deque append is atomic under the GIL): recording a
-step costs no lock, no host sync and no dictionary. Everything derived (the
+The training thread only builds a StepRecord (a named tuple) of what it already holds
+(tensor references, floats, timestamps) and appends it (a deque append is atomic under
+the GIL): recording a step costs no lock, no host sync and no dictionary. Everything derived (the
 loss over micro-batches, the time split, the named values) is built by the flusher, which
 drains everything recorded since the previous flush and converts it with one copy per
 device and dtype. On CUDA that copy goes to pinned memory without blocking, and the
@@ -13,30 +13,68 @@ flusher polls an event until it lands, so not even the flusher synchronises the 
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
 from .shared.numbers import finite_or_none
 
-STEP_RECORD = ("step", "wall", "losses", "total", "layers", "params", "clip_max", "lrs", "times", "samples",
-               "update_ratios", "user")
-"""The fields of a step record, a plain tuple in this order (a tuple costs the training
-thread no Python frame to build):
 
-- ``step``, ``wall``: the step number (from 1) and ``time.time()`` at its end;
-- ``losses``: the step's loss tensors, one per micro-batch, added up (left to right) at the flush;
-- ``total``, ``layers``, ``params``: the total gradient norm, the per-parameter norms (a
-  1-d tensor) and the parameters they describe, or None;
-- ``clip_max``: the clipping norm in force, or None;
-- ``lrs``: each param group's effective learning rate (a float or a 0-d tensor);
-- ``times``: ``(previous step's end, first forward, optimizer start, this step's end)`` in
-  perf_counter seconds; the forward and optimizer ones may be None;
-- ``samples``: the batch sizes seen by the model's forward, or 0;
-- ``update_ratios``: per-parameter |w_after - w_before| / |w_before| on sampled steps, or None;
-- ``user``: values logged with ``ptdash.log`` since the previous step, or None.
-"""
+class StepRecord(NamedTuple):
+    """One step as the training thread recorded it: references it already held, no copies.
+
+    A tuple with names: building it costs the hot path one small allocation and no host
+    sync; the flusher derives everything else from it.
+    """
+
+    step: int
+    """The step number (from 1)."""
+    wall: float
+    """``time.time()`` at the step's end."""
+    losses: list
+    """The step's loss tensors, one per micro-batch, added up (left to right) at the flush."""
+    total: Any
+    """The total gradient norm (a 0-d tensor), or None."""
+    layers: Any
+    """The per-parameter gradient norms (a 1-d tensor), or None."""
+    params: list | None
+    """The parameters ``layers`` describes."""
+    clip_max: float | None
+    """The clipping norm in force, or None."""
+    lrs: list
+    """Each param group's effective learning rate (a float or a 0-d tensor)."""
+    times: tuple
+    """``(previous step's end, first forward, optimizer start, this step's end)`` in
+    perf_counter seconds; the forward and optimizer ones may be None."""
+    samples: int
+    """The batch sizes the model's forward saw, or 0."""
+    update_ratios: Any
+    """Per-parameter |w_after - w_before| / |w_before| on sampled steps, or None."""
+    user: dict | None
+    """Values ``ptdash.log`` gave since the previous step, or None."""
+
+
+class UserValues:
+    """Values given to ``ptdash.log`` (any thread), taken by the next step's record."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pending: dict = {}
+
+    def log(self, values: dict) -> None:
+        with self._lock:
+            for name, value in values.items():
+                self.pending[f"user/{name}"] = value
+
+    def take(self) -> dict:
+        """The values since the previous step (tensors stay on their device)."""
+        with self._lock:
+            values, self.pending = self.pending, {}
+        return {name: value.detach().reshape(()) if isinstance(value, torch.Tensor) else float(value)
+                for name, value in values.items()}
 
 
 @dataclass
@@ -55,8 +93,8 @@ class Recorder:
     def __init__(self) -> None:
         self._pending: collections.deque[tuple] = collections.deque()
         self.add = self._pending.append
-        """Called on the training thread with a step record (see STEP_RECORD): a deque's
-        own append, so it never blocks, never syncs and runs no Python."""
+        """Called on the training thread with a StepRecord: a deque's own append, so it
+        never blocks, never syncs and runs no Python."""
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -78,14 +116,14 @@ class Recorder:
             return [], []
         # Each record's device scalars, in a fixed order: [loss], [total], then tensor LRs and user values.
         scalars: list[torch.Tensor] = []
-        for _, _, losses, total, _, _, _, lrs, _, _, _, user in records:
-            if losses:
-                scalars.append(_fold(losses))
-            if total is not None:
-                scalars.append(total)
-            scalars.extend(v for v in lrs if isinstance(v, torch.Tensor))
-            if user:
-                scalars.extend(v for v in user.values() if isinstance(v, torch.Tensor))
+        for r in records:
+            if r.losses:
+                scalars.append(_fold(r.losses))
+            if r.total is not None:
+                scalars.append(r.total)
+            scalars.extend(v for v in r.lrs if isinstance(v, torch.Tensor))
+            if r.user:
+                scalars.extend(v for v in r.user.values() if isinstance(v, torch.Tensor))
         host = iter(_to_host(scalars))
         rows, keep = [], []
         for record in records:
@@ -119,7 +157,7 @@ class Recorder:
             rows.append([step, wall, values])
             if layers is not None and (not finite or ratios is not None or step in wanted):
                 keep.append(record)
-        if records[-1][4] is not None and (not keep or keep[-1] is not records[-1]):
+        if records[-1].layers is not None and (not keep or keep[-1] is not records[-1]):
             keep.append(records[-1])
         return rows, _layer_rows(keep)
 
@@ -132,15 +170,15 @@ def _fold(losses: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def _layer_rows(records: list[tuple]) -> list[LayerRow]:
-    norms = _to_host([r[4] for r in records], flat=False)
-    ratios = iter(_to_host([r[10] for r in records if r[10] is not None], flat=False))
+def _layer_rows(records: list[StepRecord]) -> list[LayerRow]:
+    norms = _to_host([r.layers for r in records], flat=False)
+    ratios = iter(_to_host([r.update_ratios for r in records if r.update_ratios is not None], flat=False))
     out = []
-    for (step, _, _, _, _, params, _, _, _, _, update_ratios, _), values in zip(records, norms):
+    for record, values in zip(records, norms):
         row_ratios = None
-        if update_ratios is not None:
+        if record.update_ratios is not None:
             row_ratios = [finite_or_none(v) for v in next(ratios)]
-        out.append(LayerRow(step, params or [], [finite_or_none(v) for v in values], row_ratios))
+        out.append(LayerRow(record.step, record.params or [], [finite_or_none(v) for v in values], row_ratios))
     return out
 
 

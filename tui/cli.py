@@ -24,11 +24,11 @@ import uuid
 from pathlib import Path
 
 from ptdash.shared import __version__, rundir
+from ptdash.shared.client import Client
 from ptdash.shared.config import ConfigError, RunConfig
-from ptdash.shared.protocol import ENDED, Ack, Command, Status, parse_positive
+from ptdash.shared.protocol import ENDED, Ack, Command, Status, TransportError, parse_positive
 from ptdash.shared.reader import StoreReader, wait_for_store
 from ptdash.shared.store import STORE_NAME
-from ptdash.shared.transport import Client, TransportError
 
 from . import runs
 

@@ -24,10 +24,21 @@ from pathlib import Path
 from typing import Callable
 
 from ptdash.shared import rundir
-from ptdash.shared.protocol import ENDED, STATES, Ack, Command, Event, LayerNames, Layers, Metrics, Status
+from ptdash.shared.client import Client
+from ptdash.shared.protocol import (
+    ENDED,
+    STATES,
+    Ack,
+    Command,
+    Event,
+    LayerNames,
+    Layers,
+    Metrics,
+    Status,
+    TransportError,
+)
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME, StoreError
-from ptdash.shared.transport import Client, TransportError
 
 from .state import rank_wants
 

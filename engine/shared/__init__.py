@@ -9,7 +9,9 @@ must agree on:
 - ``store`` / ``reader`` / ``decimate``: the metrics store's writer, its reader, and the
   min/max decimation both use;
 - ``rundir``: a run's directory and the per-user registry of runs;
-- ``transport``: the Unix-socket server (engine) and client (dashboard, ``ptdash ctl``).
+- ``transport`` / ``client`` / ``private``: the Unix-socket server (engine), its client
+  (dashboard, ``ptdash ctl``), and the private directory and peer checks they rely on;
+- ``numbers``, ``exits``: finite values, moving averages and safe JSON; exit codes in words.
 """
 
 __version__ = "0.1.0"

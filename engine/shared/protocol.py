@@ -34,6 +34,10 @@ class ProtocolError(ValueError):
     """A frame or message that does not follow this protocol."""
 
 
+class TransportError(ConnectionError):
+    """The socket cannot be used; the message is one line meant for the user."""
+
+
 # ---------------------------------------------------------------------------- messages
 
 

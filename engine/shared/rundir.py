@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from .config import ConfigError, RunInfo
-from .transport import private_dir
+from .private import private_dir
 
 DEFAULT_ROOT = "ptdash-runs"
 RUN_JSON = "run.json"

@@ -19,9 +19,6 @@ import logging
 import os
 import selectors
 import socket
-import stat
-import struct
-import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -29,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import protocol
+from .private import check_private_dir, peer_uid
 from .protocol import Command, Hello, Layers, Message, Metrics, ProtocolError, Refused, Welcome
 
 log = logging.getLogger("ptdash.shared.transport")
@@ -45,81 +43,6 @@ HARD_BUFFER = 32 * 1024 * 1024
 MAX_CLIENT_FRAME = 64 * 1024
 """Clients only send small commands; a larger frame from one is refused."""
 
-_NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "afs", "9p", "lustre", "gpfs"}
-
-
-class TransportError(ConnectionError):
-    """The socket cannot be used; the message is one line meant for the user."""
-
-
-# ------------------------------------------------------------------ private directory
-
-
-def private_dir() -> Path:
-    """The per-user directory for sockets and the live-run registry, created 0700.
-
-    ``$XDG_RUNTIME_DIR/ptdash`` when that exists (per user, on tmpfs), else
-    ``/tmp/ptdash-<uid>``. Refuses a directory that another user owns, that others can
-    enter, or that sits on a network file system.
-    """
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        path = Path(runtime) / "ptdash"
-    else:
-        path = Path(tempfile.gettempdir()) / f"ptdash-{os.getuid()}"
-    try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise TransportError(f"cannot create the private directory {path}: {exc.strerror or exc}") from None
-    check_private_dir(path)
-    return path
-
-
-def check_private_dir(path: Path) -> None:
-    """Raise TransportError unless ``path`` is a real directory, ours, mode 0700, local."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise TransportError(f"cannot use {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise TransportError(f"{path} is not a directory; refusing to put the control socket there")
-    if st.st_uid != os.getuid():
-        raise TransportError(f"{path} belongs to uid {st.st_uid}, not you; refusing to use it")
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise TransportError(f"{path} has mode {stat.S_IMODE(st.st_mode):o}; it must be 700")
-    fstype = filesystem_type(path)
-    if fstype in _NETWORK_FILESYSTEMS:
-        raise TransportError(f"{path} is on a network file system ({fstype}); set XDG_RUNTIME_DIR to a local one")
-
-
-def filesystem_type(path: Path, mounts: str | None = None) -> str | None:
-    """The type of the file system holding ``path``, from /proc/mounts (None if unknown).
-
-    ``mounts`` is that table's text, read from /proc when not given.
-    """
-    if mounts is None:
-        try:
-            mounts = Path("/proc/mounts").read_text()
-        except OSError:
-            return None
-    target, best = str(Path(path).resolve()), (-1, None)
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        mount = fields[1].replace("\\040", " ")
-        if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) > best[0]:
-            best = (len(mount), fields[2])
-    return best[1]
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a connected Unix socket."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid
 
 
 # --------------------------------------------------------------------------- server
@@ -402,82 +325,3 @@ class Server:
         except (KeyError, ValueError):
             pass
         client.sock.close()
-
-
-# --------------------------------------------------------------------------- client
-
-
-class Client:
-    """A blocking connection to a run's engine, used by the dashboard and ``ptdash ctl``."""
-
-    def __init__(self, path: Path | str, token: str, name: str = "dashboard") -> None:
-        self.path = str(path)
-        self._token = token
-        self._name = name
-        self._reader = protocol.FrameReader()
-        self._pending: list[bytes] = []
-        self._send_lock = threading.Lock()
-        self.sock: socket.socket | None = None
-
-    def connect(self, timeout: float = 5.0) -> Welcome:
-        """Connect and authenticate; raise TransportError with a one-line reason."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                try:
-                    sock.connect(self.path)
-                    break
-                except BlockingIOError:
-                    # The engine's backlog is full (many clients at once): it will drain.
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)
-        except FileNotFoundError:
-            sock.close()
-            raise TransportError(f"no engine is listening at {self.path} (has the run ended?)") from None
-        except OSError as exc:
-            sock.close()
-            raise TransportError(f"cannot connect to {self.path}: {exc.strerror or exc}") from None
-        self.sock = sock
-        self.send(Hello(token=self._token, client=self._name))
-        msg = self.recv(timeout)
-        if isinstance(msg, Refused):
-            self.close()
-            raise TransportError(f"the engine refused the connection: {msg.reason}")
-        if not isinstance(msg, Welcome):
-            self.close()
-            raise TransportError("the engine did not answer the handshake")
-        return msg
-
-    def send(self, msg: Message) -> None:
-        """Send one message (blocking; commands are tiny)."""
-        if self.sock is None:
-            raise TransportError("not connected")
-        with self._send_lock:
-            self.sock.sendall(protocol.encode(msg))
-
-    def recv(self, timeout: float | None = None) -> Message | None:
-        """The next message, None on timeout; raise TransportError when the engine has gone."""
-        if self.sock is None:
-            raise TransportError("not connected")
-        while not self._pending:
-            self.sock.settimeout(timeout)
-            try:
-                data = self.sock.recv(262144)
-            except socket.timeout:
-                return None
-            except OSError as exc:
-                raise TransportError(f"connection to the engine lost: {exc}") from None
-            if not data:
-                raise TransportError("the engine closed the connection")
-            self._pending.extend(self._reader.feed(data))
-        return protocol.decode(self._pending.pop(0))
-
-    def close(self) -> None:
-        if self.sock is not None:
-            try:
-                self.sock.close()
-            finally:
-                self.sock = None

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from ptdash.shared import rundir
-from ptdash.shared.protocol import Command, Hello, encode
-from ptdash.shared.transport import Client, TransportError
+from ptdash.shared.client import Client
+from ptdash.shared.protocol import Ack, Command, Hello, TransportError, encode
 from support.runner import SCRIPTS, Run, ptdash, wait_for
 
 STEADY = SCRIPTS / "steady.py"
@@ -151,6 +151,28 @@ def test_checkpoint_loads_into_a_fresh_model(run):
     model.load_state_dict(ckpt["models"]["Sequential"])
     assert len(ckpt["optimizers"]) == 1 and len(ckpt["schedulers"]) == 1
     assert ckpt["schedulers"][0]["last_epoch"] == ack.step
+
+
+def test_a_checkpoint_journals_the_command_acknowledged_just_before_it(run):
+    # Sent together, the two are applied at the same step boundary: the clip is answered,
+    # then the save runs, long before the flusher stores the clip's answer.
+    run.wait_step(3)
+    clip = Command(id="clip-1", name="clip", value=0.25)
+    save = Command(id="save-1", name="checkpoint")
+    run.client.send(clip)
+    run.client.send(save)
+    acks = {}
+    while len(acks) < 2:
+        msg = run.client.recv(timeout=60)
+        assert msg is not None, "no answer"
+        if isinstance(msg, Ack) and msg.id in ("clip-1", "save-1"):
+            acks[msg.id] = msg
+    assert acks["clip-1"].ok and acks["save-1"].ok
+    ckpt = torch.load(run.run_dir / "checkpoints" / f"step-{acks['save-1'].step}.pt", weights_only=True)
+    journal = ckpt["ptdash"]["journal"]
+    (entry,) = [e for e in journal if e["data"]["id"] == "clip-1"]
+    assert entry["data"]["value"] == 0.25 and entry["data"]["applied_step"] == acks["clip-1"].step
+    assert ckpt["ptdash"]["controls"]["clip"] == 0.25
 
 
 def test_stop_saves_a_checkpoint_and_runs_finally(run):

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from ptdash.shared import rundir
+from ptdash.shared.client import Client
 from ptdash.shared.protocol import Hello, encode
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME
-from ptdash.shared.transport import Client
 from support.runner import ENV, SCRIPTS, Run, engine_pid, ptdash, wait_for
 from support.tmux import Terminal, require_tmux
 

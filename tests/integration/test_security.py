@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from ptdash.shared import protocol, rundir, transport
-from ptdash.shared.protocol import Command, Hello, Status, Welcome, encode
-from ptdash.shared.transport import Server, TransportError, check_private_dir, filesystem_type, private_dir
+from ptdash.shared import private, protocol, rundir, transport
+from ptdash.shared.client import Client
+from ptdash.shared.private import check_private_dir, filesystem_type, private_dir
+from ptdash.shared.protocol import Command, Hello, Status, TransportError, Welcome, encode
+from ptdash.shared.transport import Server
 from support.runner import ENV, SCRIPTS, Run, ptdash
 
 STEADY = SCRIPTS / "steady.py"
@@ -97,7 +99,7 @@ def test_network_file_systems_are_recognised():
     assert filesystem_type(Path("/mnt/share/x"), mounts) == "cifs"
     assert filesystem_type(Path("/run/user/1000/ptdash"), mounts) == "tmpfs"
     assert filesystem_type(Path("/homework"), mounts) == "ext4"  # a prefix is not a parent
-    assert {"nfs", "nfs4", "cifs", "fuse.sshfs"} <= transport._NETWORK_FILESYSTEMS
+    assert {"nfs", "nfs4", "cifs", "fuse.sshfs"} <= private._NETWORK_FILESYSTEMS
     check_private_dir(private_dir())  # this machine's own private dir is local
 
 
@@ -317,7 +319,7 @@ def test_a_peer_of_another_uid_is_refused_before_anything_is_read(intruder):
         assert f"refused a connection from uid {uid}" in " ".join(server.refusals)
         assert heard == []
         # The owner is still served.
-        client = transport.Client(private / "s.sock", "k" * 64)
+        client = Client(private / "s.sock", "k" * 64)
         assert isinstance(client.connect(), Welcome)
         client.close()
     finally:

@@ -17,8 +17,20 @@ from pathlib import Path
 import pytest
 
 from ptdash.shared import protocol, transport
-from ptdash.shared.protocol import Command, Event, Hello, Layers, Metrics, Refused, Status, Welcome, encode
-from ptdash.shared.transport import Client, Server, TransportError
+from ptdash.shared.client import Client
+from ptdash.shared.protocol import (
+    Command,
+    Event,
+    Hello,
+    Layers,
+    Metrics,
+    Refused,
+    Status,
+    TransportError,
+    Welcome,
+    encode,
+)
+from ptdash.shared.transport import Server
 
 TOKEN = "t" * 64
 

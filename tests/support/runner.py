@@ -13,10 +13,10 @@ import uuid
 from pathlib import Path
 
 from ptdash.shared import rundir
+from ptdash.shared.client import Client
 from ptdash.shared.protocol import Ack, Command
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME
-from ptdash.shared.transport import Client
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from ptdash import metrics
-from ptdash.monitor import Monitor, Thresholds
 
 
 def _grads(seed=0, dtypes=(torch.float32,)):
@@ -75,41 +74,3 @@ def test_update_ratio_of_a_large_parameter_is_estimated_from_a_bounded_sample():
 def test_empty_grad_list():
     per, total = metrics.grad_norms([])
     assert per.numel() == 0 and total.item() == 0.0
-
-
-
-
-def test_loss_spike_is_reported_once_after_warmup():
-    m = Monitor(Thresholds(warmup_steps=5))
-    rows = [[s, 0.0, {"loss": 1.0}] for s in range(1, 30)]
-    assert m.check_rows(rows) == []
-    events = m.check_rows([[30, 0.0, {"loss": 10.0}], [31, 0.0, {"loss": 12.0}]])
-    assert len(events) == 1 and events[0][0] == "anomaly" and "loss spike at step 30" in events[0][1]
-
-
-def test_nonfinite_loss_is_reported():
-    events = Monitor().check_rows([[1, 0.0, {"loss": None}]])
-    assert events and "non-finite loss at step 1" in events[0][1]
-
-
-
-
-
-
-def test_layer_flags_name_the_first_affected_layer():
-    m = Monitor(Thresholds(warmup_steps=3))
-    names = ["a.weight", "a.bias", "b.weight"]
-    for step in range(5):
-        flags, events = m.check_layers(step, names, [1.0, 1.0, 1.0])
-        assert flags == {} and events == []
-    flags, events = m.check_layers(6, names, [1.0, None, 1e-9])
-    assert flags == {"1": "nonfinite", "2": "vanishing"}
-    assert [e[1] for e in events] == ["nonfinite gradient at step 6: a.bias", "vanishing gradient at step 6: b.weight"]
-    flags, events = m.check_layers(7, names, [100.0, 1.0, 1.0])  # a jump of 100x its average
-    assert flags == {"0": "exploding"} and "exploding gradient at step 7: a.weight" in events[0][1]
-    assert m.check_layers(8, names, [1.0, None, 1e-9])[1] == []  # each finding once
-
-
-def test_thresholds_are_validated():
-    with pytest.raises(ValueError):
-        Thresholds(spike_factor=float("nan"))

@@ -22,9 +22,7 @@ def engine(tmp_path):
     config = RunConfig(update_ratio_every=3, on_anomaly="skip")
     engine = Engine(rundir.create(tmp_path, "stats", config=config), config)
     engine.start()
-    engine._stop.set()  # the test drains the recorder itself
-    engine._flush_soon.set()
-    engine._flusher.join(timeout=10)
+    engine.flusher.stop()  # the test drains the recorder itself
     try:
         yield engine
     finally:
@@ -180,7 +178,7 @@ def test_a_bug_that_starts_late_is_caught_on_the_sampled_steps(engine):
     model = _model()
     start = WATCH_FIRST + 20  # past the steps watched one by one; then no more zero_grad
     _train(model, torch.optim.SGD(model.parameters(), lr=1e-3), start + 4 * WATCH_EVERY, clear=lambda s: s < start)
-    engine._flush()
+    engine.flusher.flush()
     with StoreReader(engine.run_dir / "metrics.db") as store:
         findings = [e for e in store.events() if e.kind == "finding"]
     assert [f.data["id"] for f in findings] == ["grads-never-cleared"]

@@ -1,0 +1,166 @@
+"""Anomalies: the one non-finite path, loss spikes, and per-layer gradient flags.
+
+A non-finite loss or gradient is handled once, wherever it is seen first:
+
+- on CPU the hot path sees it before the update (reading two CPU scalars waits for
+  nothing) and ``before_update`` pauses, skips or warns, as ``--on-anomaly`` says;
+- off the CPU that read would be a host sync per step, so ``at_flush`` sees it a flush
+  later and, for ``pause``, asks for a pause at the next step.
+
+Loss spikes and layer flags are judged at the flush too, on host values, so they cost
+training nothing. Each finding becomes an event once, not once per step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from .shared.numbers import ema
+from .shared.protocol import Command
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a value is worth flagging."""
+
+    spike_factor: float = 3.0
+    """A loss above this multiple of its running average is a spike."""
+    vanishing: float = 1e-7
+    """A parameter's gradient norm below this is vanishing."""
+    exploding: float = 1e3
+    """A parameter's gradient norm above this is exploding..."""
+    jump: float = 20.0
+    """...and so is one above this multiple of its own running average."""
+    warmup_steps: int = 20
+    """Running averages need this many steps before they judge anything."""
+
+    def __post_init__(self) -> None:
+        for name in ("spike_factor", "vanishing", "exploding", "jump"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+
+
+class Anomalies:
+    """Keeps running averages across flushes and journals what it finds.
+
+    ``event(kind, message, **data)`` journals; ``action`` is ``--on-anomaly``;
+    ``pause_here(step, reason)`` blocks the training thread in a pause;
+    ``request_pause(command)`` queues a pause for the next step boundary;
+    ``names(params)`` names parameters.
+    """
+
+    def __init__(self, event: Callable[..., object], action: str, pause_here: Callable[[int, str], None],
+                 request_pause: Callable[[Command], None], is_paused: Callable[[], bool],
+                 names: Callable[[list], list[str]], thresholds: Thresholds = Thresholds()) -> None:
+        self._event, self.action, self._pause_here = event, action, pause_here
+        self._request_pause, self._is_paused, self._names = request_pause, is_paused, names
+        self._handled: set[int] = set()
+        """Steps whose non-finite values were handled before their update."""
+        self.t = thresholds
+        self._loss_avg: float | None = None
+        self._loss_seen = 0
+        self._last_spike_step = -10**9
+        self._layer_avg: list[float] | None = None
+        self._layer_seen = 0
+        self._flagged: set[tuple[int, str]] = set()
+        self._nonfinite_reported = False
+
+    # ---------------------------------------------------------- training thread
+
+    def before_update(self, opt, step: int, per_tensor, params: list) -> None:
+        """A non-finite loss or gradient before step ``step``'s update (CPU: exact).
+
+        Pauses there (until resumed or stopped), drops the update, or only warns. Blocks
+        the training thread while paused.
+        """
+        import torch
+
+        name = "the loss"
+        if per_tensor is not None and per_tensor.numel():
+            bad = (~torch.isfinite(per_tensor)).nonzero()
+            if bad.numel():
+                name = self._names(params)[int(bad[0])]
+        self._handled.add(step)
+        action = self.action
+        self._event("anomaly", f"non-finite gradient before the update of step {step}, first in {name}"
+                    + {"pause": "; paused before the update", "skip": "; update skipped", "warn": ""}[action],
+                    step=step, layer=name, action=action)
+        if action == "warn":
+            return
+        if action == "pause":
+            self._pause_here(step - 1, name)
+        for group in opt.param_groups:
+            for p in group["params"]:
+                p.grad = None  # the optimizer skips parameters without gradients
+        if action == "pause":
+            self._event("anomaly", f"skipped the non-finite update of step {step}", step=step)
+
+    # ----------------------------------------------------------- flusher thread
+
+    def check_rows(self, rows: list[list]) -> list[tuple[str, str, dict]]:
+        """Non-finite steps not handled before their update, and loss spikes, in a flush's rows.
+
+        Returns ``(kind, message, data)`` events; a non-finite step seen here under
+        ``pause`` also asks for a pause at the next step.
+        """
+        events = []
+        for step, _wall, values in rows:
+            nonfinite = ("loss" in values and values["loss"] is None) or (
+                "grad/norm_total" in values and values["grad/norm_total"] is None)
+            if nonfinite and step not in self._handled:
+                if self.action == "pause":
+                    if not self._is_paused():  # paused, or a pause already asked for
+                        events.append(("anomaly", f"non-finite loss or gradient at step {step}, seen at the flush; "
+                                                  "pausing at the next step", {"step": step, "action": "pause"}))
+                        self._request_pause(Command(id=f"anomaly-{step}", name="pause"))
+                elif not self._nonfinite_reported:
+                    self._nonfinite_reported = True
+                    events.append(("anomaly", f"non-finite loss or gradient at step {step}", {"step": step}))
+            if "loss" in values:
+                loss = values["loss"]
+                if loss is not None:
+                    avg = self._loss_avg
+                    if (avg is not None and self._loss_seen >= self.t.warmup_steps and avg > 0
+                            and loss > self.t.spike_factor * avg and step - self._last_spike_step >= 100):
+                        self._last_spike_step = step
+                        events.append(("anomaly", f"loss spike at step {step}: {loss:.4g} is "
+                                                  f"{loss / avg:.1f}x its running average {avg:.4g}",
+                                       {"step": step, "loss": loss, "average": avg}))
+                    self._loss_avg = ema(avg, loss, 0.05)
+                    self._loss_seen += 1
+        for kind, message, data in events:
+            self._event(kind, message, **data)
+        return events
+
+    def check_layers(self, step: int, names: list[str], norms: list[float | None]) -> tuple[dict, list]:
+        """Flags for one step's per-parameter gradient norms, and events for new flags."""
+        t = self.t
+        if self._layer_avg is None or len(self._layer_avg) != len(norms):
+            self._layer_avg, self._layer_seen = [0.0] * len(norms), 0
+        flags: dict[str, str] = {}
+        for i, norm in enumerate(norms):
+            if norm is None:
+                flags[str(i)] = "nonfinite"
+                continue
+            avg = self._layer_avg[i]
+            if norm < t.vanishing:
+                flags[str(i)] = "vanishing"
+            elif norm > t.exploding or (self._layer_seen >= t.warmup_steps and avg > 0 and norm > t.jump * avg):
+                flags[str(i)] = "exploding"
+            self._layer_avg[i] = ema(avg if self._layer_seen else None, norm, 0.1)
+        self._layer_seen += 1
+        events = []
+        for flag in ("nonfinite", "exploding", "vanishing"):
+            new = [int(i) for i, f in flags.items() if f == flag and (int(i), flag) not in self._flagged]
+            if new:
+                first = min(new)
+                self._flagged.update((i, flag) for i in new)
+                name = names[first] if first < len(names) else f"#{first}"
+                more = f" and {len(new) - 1} more" if len(new) > 1 else ""
+                events.append(("anomaly" if flag != "vanishing" else "warning",
+                               f"{flag} gradient at step {step}: {name}{more}",
+                               {"flag": flag, "layer": name, "count": len(new)}))
+        return flags, events

@@ -1,0 +1,160 @@
+"""The flusher thread: moves step records to the host a few times a second, judges them,
+and hands them to the store and the dashboards (or, on ranks other than 0, to rank 0).
+
+Each flush drains the recorder (one batched copy per device), lets the doctor and the
+anomaly checks look at the host values, names the per-parameter record, writes one
+store transaction and publishes the live messages. System readings (host, allocator,
+NVML) are sampled by time, once a second, whatever the step time. The training thread
+never waits for any of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from .discovery import Discovery, param_names
+from .recorder import Recorder, _to_host
+from .shared.protocol import LayerNames, Layers, Message, Metrics, to_dict
+
+log = logging.getLogger("ptdash.flusher")
+
+LAYER_RECORD_S = (1.0, 10.0)
+"""Per-layer history is stored once a second for the first ten minutes, then every ten
+seconds: a 500-parameter model then costs the store about 2 MB an hour, not 70."""
+
+
+class LayerNaming:
+    """Names and shapes of the parameters a per-layer record describes, cached while the
+    parameter list keeps its shape; ``names`` is the current LayerNames message."""
+
+    def __init__(self, discovery: Discovery) -> None:
+        self._discovery = discovery
+        self._key: tuple = ()
+        self.names: LayerNames | None = None
+
+    def name(self, params: list, step: int) -> tuple[LayerNames, bool]:
+        """The LayerNames for ``params``, and whether it is new (a changed parameter list)."""
+        models = self._discovery.models
+        key = (len(params), id(params[0]) if params else 0, id(params[-1]) if params else 0,
+               tuple(id(m) for m in models))
+        if key == self._key and self.names is not None:
+            return self.names, False
+        self._key = key
+        names = param_names(models, params)
+        fresh = self.names is None or names != self.names.names
+        if fresh:
+            self.names = LayerNames(step=step, names=names, shapes=[list(p.shape) for p in params])
+        return self.names, fresh
+
+
+class Flusher:
+    """Runs the flush loop on its own thread; ``flush()`` can also be called directly.
+
+    ``publish`` sends to the dashboards (rank 0) and ``store`` writes (rank 0); ``push``
+    hands a flush to rank 0 (other ranks); ``ranks`` collects the other ranks (rank 0
+    of a multi-rank run).
+    """
+
+    def __init__(self, recorder: Recorder, journal, doctor, anomalies, naming: LayerNaming, sampler,
+                 publish: Callable[[Message], None], store=None, push: Callable[[dict], None] | None = None,
+                 ranks=None, interval: float = 0.25, step_seconds: Callable[[], float] = lambda: 0.0) -> None:
+        self._recorder, self._journal, self._doctor, self._anomalies = recorder, journal, doctor, anomalies
+        self._naming, self._sampler, self._publish, self._store = naming, sampler, publish, store
+        self._push, self._ranks, self._interval, self._step_seconds = push, ranks, interval, step_seconds
+        self._stop = threading.Event()
+        self._soon = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = self._last_layer_record = time.monotonic()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="ptdash-flush", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Flush soon (a pause or a stop should reach the store and the dashboards at once)."""
+        self._soon.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the loop (after the flush it may be in); the caller flushes what is left."""
+        self._stop.set()
+        self._soon.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+
+    def _loop(self) -> None:
+        last_status = last_system = 0.0
+        while not self._stop.is_set():
+            # Slow steps are flushed a few at a time (each flush has a fixed cost: a store
+            # transaction, a per-layer record, messages); fast ones a few times a second.
+            self._soon.wait(min(1.0, max(self._interval, 4 * self._step_seconds())))
+            self._soon.clear()
+            if self._stop.is_set():
+                break
+            try:
+                now = time.monotonic()
+                system_row = None
+                if now - last_system >= 1.0:
+                    system_row = self.system_row()
+                    last_system = now
+                self.flush(system_row)
+                if now - last_status >= 1.0:
+                    self._publish(self._journal.status())
+                    last_status = now
+            except Exception:  # keep flushing; never take training down
+                log.exception("flush failed")
+
+    def system_row(self) -> list:
+        values = {k: v for k, v in self._sampler.sample().items() if v is not None}
+        return [self._journal.status().step, time.time(), values]
+
+    def flush(self, system_row: list | None = None) -> None:
+        """Move everything recorded to the store and the dashboards."""
+        rows, layer_rows = self._recorder.drain()
+        self._doctor.on_flush(rows, layer_rows, _to_host)
+        self._anomalies.check_rows(rows)
+        stored, live = self._layers(layer_rows)
+        events = self._journal.drain()
+        extra = [system_row] if system_row else []
+        if self._push is not None:
+            if rows or events or extra:
+                self._push({"rows": rows, "events": [to_dict(e) for e in events], "extra": extra})
+            return
+        if self._store is not None and (rows or events or stored or extra):
+            self._store.write(rows=rows, events=events, layers=stored, extra=extra)
+        if rows or extra:
+            self._publish(Metrics(rows=rows + extra))
+        for msg in live:
+            self._publish(msg)
+        if self._ranks is not None:
+            self._ranks.collect(rows)
+
+    def _layers(self, layer_rows: list) -> tuple[list, list]:
+        """The flush's per-layer messages to store and to send: new names, then the newest
+        record (sent every flush, stored when due)."""
+        if not layer_rows:
+            return [], []
+        last = layer_rows[-1]
+        names, fresh = self._naming.name(last.params, last.step)
+        flags, findings = self._anomalies.check_layers(last.step, names.names, last.grad_norms)
+        for row in layer_rows[:-1]:
+            if None in row.grad_norms:  # a non-finite step inside the flush: name it
+                own, _ = self._naming.name(row.params, row.step)
+                findings += self._anomalies.check_layers(row.step, own.names, row.grad_norms)[1]
+        for kind, message, data in findings:
+            self._journal.event(kind, message, **data)
+        ratios = next((r.update_ratios for r in reversed(layer_rows) if r.update_ratios is not None), None)
+        record = Layers(step=last.step, grad_norms=last.grad_norms, update_ratios=ratios, flags=flags)
+        new: list[Layers | LayerNames] = [names] if fresh else []
+        due = fresh or self._layer_record_due()
+        return new + ([record] if due else []), new + [record]
+
+    def _layer_record_due(self) -> bool:
+        now = time.monotonic()
+        interval = LAYER_RECORD_S[0] if now - self._started < 600 else LAYER_RECORD_S[1]
+        if now - self._last_layer_record >= interval:
+            self._last_layer_record = now
+            return True
+        return False

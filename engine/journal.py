@@ -1,0 +1,105 @@
+"""The run's journal: its state, its events and the answers to commands.
+
+Everything worth telling goes through here: ``event`` publishes an Event to every
+dashboard at once and keeps it for the store (the flusher drains it); ``ack`` answers a
+command and journals it; ``set_state`` moves the run through its states and writes
+run.json. The command journal (every command applied or refused, in order) is also kept
+in memory, so a checkpoint saved right after an acknowledgement holds it even before
+the flusher has stored it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from .controls import Settings
+from .shared import rundir
+from .shared.numbers import json_safe
+from .shared.protocol import Ack, Command, Event, Message, Status, to_dict
+
+log = logging.getLogger("ptdash.journal")
+
+
+class Journal:
+    """State, events and acknowledgements of one process's engine.
+
+    ``publish(msg)`` sends to every dashboard (a no-op on ranks other than 0);
+    ``step()`` is the current step; ``run_dir`` is set where run.json is written (rank 0);
+    ``wake()`` asks the flusher to flush soon (a state change should reach the store fast).
+    """
+
+    def __init__(self, publish: Callable[[Message], None], step: Callable[[], int], settings: Settings,
+                 rank: int = 0, run_dir: Path | None = None, wake: Callable[[], None] = lambda: None) -> None:
+        self._publish = publish
+        self._step = step
+        self._settings = settings
+        self._run_dir = run_dir
+        self._wake = wake
+        self.rank = rank
+        self.state = "starting"
+        self.paused_at: int | None = None
+        self.total_steps: int | None = None
+        self.exit_code: int | None = None
+        self.detail = ""
+        self._lock = threading.Lock()
+        self._pending: list[Event] = []
+        self._commands: list[dict] = []
+
+    def status(self) -> Status:
+        s = self._settings
+        return Status(state=self.state, step=self._step(), total_steps=self.total_steps, paused_at=self.paused_at,
+                      clip=s.clip, lr_scale=s.lr_scale, exit_code=self.exit_code, detail=self.detail)
+
+    def set_state(self, state: str | None = None, **changes) -> None:
+        """Change the run state (None: only a setting or ``paused_at`` changed), tell every
+        dashboard and write run.json."""
+        if state is not None:
+            self.state = state
+            self._wake()
+        for name in ("paused_at", "total_steps", "exit_code", "detail"):
+            if name in changes:
+                setattr(self, name, changes.pop(name))
+        if changes:
+            raise TypeError(f"unknown status fields {sorted(changes)}")
+        status = self.status()
+        self._publish(status)
+        if self._run_dir is not None:
+            try:
+                rundir.update_info(self._run_dir, status=status.state, step=status.step, paused_at=status.paused_at,
+                                   total_steps=status.total_steps, clip=status.clip, lr_scale=status.lr_scale)
+            except (OSError, ValueError):
+                log.exception("could not update run.json")
+
+    def event(self, kind: str, message: str, **data) -> Event:
+        """Journal an event (stored at the next flush) and publish it now."""
+        ev = Event(kind=kind, step=self._step(), wall=time.time(), message=message, data=json_safe(data)[0],
+                   rank=self.rank)
+        with self._lock:
+            self._pending.append(ev)
+            if kind == "command":
+                self._commands.append(to_dict(ev))
+        self._publish(ev)
+        return ev
+
+    def ack(self, cmd: Command, ok: bool, step: int | None, message: str) -> None:
+        """Answer ``cmd`` (applied at ``step``, or refused) and journal it (rank 0 answers)."""
+        if self.rank != 0:
+            return
+        self._publish(Ack(id=cmd.id, name=cmd.name, ok=ok, step=step, message=message))
+        self.event("command", f"{cmd.name}: {message}" if ok else f"{cmd.name} refused: {message}",
+                   id=cmd.id, name=cmd.name, value=cmd.value, ok=ok, applied_step=step)
+
+    def drain(self) -> list[Event]:
+        """The events journaled since the previous drain (for the store)."""
+        with self._lock:
+            events, self._pending = self._pending, []
+        return events
+
+    def commands(self) -> list[dict]:
+        """Every command event so far, oldest first, as the protocol's dicts (for checkpoints)."""
+        with self._lock:
+            return list(self._commands)

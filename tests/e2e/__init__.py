@@ -1,0 +1,1 @@
+"""e2e tests (see tests/conftest.py for the tiers)."""

@@ -1,0 +1,1 @@
+"""tui tests (see tests/conftest.py for the tiers)."""

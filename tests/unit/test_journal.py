@@ -1,0 +1,58 @@
+"""The journal: events published at once and drained for the store, answers journaled,
+the command journal kept in memory, state changes written to run.json."""
+
+from __future__ import annotations
+
+import math
+
+from ptdash.controls import Settings
+from ptdash.journal import Journal
+from ptdash.shared import rundir
+from ptdash.shared.protocol import Ack, Command, Event, Status
+
+
+def _journal(tmp_path=None, rank=0):
+    sent, woken = [], []
+    run_dir = rundir.create(tmp_path, "j") if tmp_path is not None else None
+    journal = Journal(sent.append, lambda: 7, Settings(clip=0.5), rank=rank, run_dir=run_dir,
+                      wake=lambda: woken.append(1))
+    return journal, sent, woken, run_dir
+
+
+def test_events_are_published_at_once_and_drained_once_for_the_store():
+    journal, sent, _, _ = _journal()
+    event = journal.event("checkpoint", "saved", path="x.pt", seconds=math.nan)
+    assert sent == [event] and event.step == 7 and event.data == {"path": "x.pt", "seconds": None}
+    assert journal.drain() == [event] and journal.drain() == []
+
+
+def test_answers_are_journaled_and_the_command_journal_needs_no_flush():
+    journal, sent, _, _ = _journal()
+    journal.ack(Command(id="c1", name="clip", value=0.25), True, 7, "clip norm 0.5 -> 0.25 from step 8")
+    journal.ack(Command(id="c2", name="lr_scale", value=-1.0), False, None, "LR factor must be > 0")
+    assert [type(m) for m in sent] == [Ack, Event, Ack, Event]
+    commands = journal.commands()
+    assert [c["data"]["id"] for c in commands] == ["c1", "c2"]
+    assert commands[0]["data"]["applied_step"] == 7 and commands[1]["data"]["ok"] is False
+    journal.drain()
+    assert len(journal.commands()) == 2  # kept after the store took them
+
+
+def test_other_ranks_do_not_answer():
+    journal, sent, _, _ = _journal(rank=1)
+    journal.ack(Command(id="c1", name="pause"), True, 3, "paused")
+    assert sent == [] and journal.commands() == []
+    assert journal.event("warning", "w").rank == 1
+
+
+def test_state_changes_publish_wake_the_flusher_and_write_run_json(tmp_path):
+    journal, sent, woken, run_dir = _journal(tmp_path)
+    journal.total_steps = 100
+    journal.set_state("paused", paused_at=7)
+    (status,) = sent
+    assert isinstance(status, Status) and status.state == "paused" and status.paused_at == 7 and status.clip == 0.5
+    assert woken == [1]
+    info = rundir.read_info(run_dir)
+    assert (info.status, info.paused_at, info.total_steps, info.clip, info.step) == ("paused", 7, 100, 0.5, 7)
+    journal.set_state(None)  # a setting changed: published, no wake
+    assert len(sent) == 2 and woken == [1]
