@@ -21,9 +21,10 @@ from textual.widgets import Footer, TabbedContent, TabPane
 from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Status
 
 from . import findings, profile, ranks, system
+from .fmt import command_text, fmt_si
 from .messages import SourceUpdate
 from .source import Backfill, Connection, History, LogLines, RunInfo, Source, new_command_id
-from .state import EventLine, RunState, command_text, fmt_si
+from .state import EventLine, RunState
 from .widgets.events_pane import EventsPane
 from .widgets.header import RunHeader
 from .widgets.help_screen import HelpScreen

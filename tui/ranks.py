@@ -16,9 +16,10 @@ from rich.table import Table
 from rich.text import Text
 
 from .chart import Chart, Line
+from .fmt import fmt_bytes, fmt_ms, fmt_si
 from .panels import PALETTE
-from .state import RunState, Series, fmt_bytes, fmt_si, rank_wants
-from .system import fmt_ms
+from .series import Series, rank_wants
+from .state import RunState
 
 RANK_WINDOW = 50
 """Recent steps whose medians make a rank's step time, data share and samples/s."""

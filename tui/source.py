@@ -29,7 +29,7 @@ from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME, StoreError
 from ptdash.shared.transport import Client, TransportError
 
-from .state import rank_wants
+from .series import rank_wants
 
 HISTORY_POINTS = 4000
 """Points per series read from the store on (re)attach; decimated in SQL beyond that."""

@@ -10,7 +10,7 @@ from textual.widget import Widget
 
 from ptdash.shared.protocol import ENDED, Status
 
-from ..state import eta, fmt_duration, fmt_si
+from ..fmt import eta, fmt_duration, fmt_si
 
 STATE_STYLES = {
     "starting": "bold cyan", "running": "bold green", "pausing": "bold yellow",

@@ -22,8 +22,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from ..bars import sparkline
+from ..fmt import fmt_si
 from ..layers import FLAG_STYLES, LayerRow
-from ..state import fmt_si
 
 
 @dataclass(frozen=True)

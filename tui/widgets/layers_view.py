@@ -21,8 +21,8 @@ from textual.widget import Widget
 from textual.widgets import Input, Static
 
 from ..chart import Chart, Line
+from ..fmt import fmt_si
 from ..layers import FLAG_STYLES, SORT_LABELS, SORTS, LayerRow, LayerStats, select
-from ..state import fmt_si
 from .chart_panel import ChartPanel
 from .layer_table import Column, LayerTable
 
