@@ -20,11 +20,11 @@ from textual.widgets import Footer, TabbedContent, TabPane
 
 from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Status
 
-from . import findings, profile, ranks, system
 from .fmt import command_text, fmt_si
 from .messages import SourceUpdate
 from .source import Backfill, Connection, History, LogLines, RunInfo, Source, new_command_id
 from .state import EventLine, RunState
+from .tabs import doctor, profiler, ranks, system
 from .widgets.events_pane import EventsPane
 from .widgets.header import RunHeader
 from .widgets.help_screen import HelpScreen
@@ -94,11 +94,11 @@ class DashboardApp(App[str]):
             with TabPane("3 System", id="system"):
                 yield ReportView(system.report, system.versions, id="system-view")
             with TabPane("4 Profiler", id="profiler"):
-                yield ReportView(profile.report, profile.versions, id="profiler-view")
+                yield ReportView(profiler.report, profiler.versions, id="profiler-view")
             with TabPane("5 Ranks", id="ranks"):
                 yield RanksView(id="ranks-view")
             with TabPane("6 Doctor", id="doctor"):
-                yield ReportView(findings.report, findings.versions, id="doctor-view")
+                yield ReportView(doctor.report, doctor.versions, id="doctor-view")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -252,7 +252,7 @@ class DashboardApp(App[str]):
         self.query_one(RanksView).refresh_ranks(state)
         if len(state.findings) != self._doctor_count:
             self._doctor_count = len(state.findings)
-            badge = Text(f"({self._doctor_count})", findings.SEVERITY_STYLES[state.findings.worst()])
+            badge = Text(f"({self._doctor_count})", doctor.SEVERITY_STYLES[state.findings.worst()])
             self.query_one(TabbedContent).get_tab("doctor").label = Text.assemble("6 Doctor ", badge)
 
     def _show_ranks_tab(self) -> None:

@@ -17,7 +17,7 @@ from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME, StoreError
 
 from . import runs
-from .findings import Findings
+from .tabs.doctor import Findings
 
 USAGE = "usage: ptdash doctor [RUN]"
 HELP = f"""{USAGE}

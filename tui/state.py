@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Status
 
-from .findings import Findings
-from .layers import LayerStats
 from .series import Series, StepRate, rank_wants
+from .tabs.doctor import Findings
+from .tabs.layers import LayerStats
 
 
 @dataclass

@@ -17,8 +17,8 @@ from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME
 from ptdash.tui.app import make_app
 from ptdash.tui.bars import bar, sparkline, stacked
-from ptdash.tui.layers import LayerStats, combine, module_of, natural_key, select
 from ptdash.tui.source import LiveSource
+from ptdash.tui.tabs.layers import LayerStats, combine, module_of, natural_key, select
 from ptdash.tui.widgets.layer_table import LayerTable
 from ptdash.tui.widgets.layers_view import LayersView
 from support.inbox import Inbox
@@ -121,7 +121,7 @@ def test_sparkline_and_bars():
 
 
 def test_cells_keep_the_end_of_long_names_and_say_nan():
-    from ptdash.tui.layers import LayerRow
+    from ptdash.tui.tabs.layers import LayerRow
     from ptdash.tui.widgets.layer_table import Column, cell
 
     row = LayerRow("model.encoder.layers.11.attn.out_proj.weight", "", None, None, "nonfinite", 0)

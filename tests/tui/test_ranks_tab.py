@@ -18,10 +18,10 @@ from rich.console import Console
 
 from ptdash.shared import rundir
 from ptdash.shared.protocol import Event, Metrics, Status
-from ptdash.tui import findings, ranks
 from ptdash.tui.app import make_app
 from ptdash.tui.source import LiveSource, ReplaySource, RunInfo, load_history
 from ptdash.tui.state import RunState
+from ptdash.tui.tabs import doctor, ranks
 from ptdash.tui.widgets.chart_panel import ChartPanel
 from support.inbox import Inbox
 from support.pilot import screen_text, until
@@ -102,7 +102,7 @@ def test_single_process_says_so():
 
 def test_findings_once_per_rule_newest_first():
     state = RunState()
-    assert findings.EMPTY in text_of(findings.report(state))
+    assert doctor.EMPTY in text_of(doctor.report(state))
     for wall, step, rank, message, data in [
             (1.0, 5, 0, "grads-never-cleared: .grad keeps growing",
              {"id": "grads-never-cleared", "what": ".grad keeps growing\nof 4 parameters", "why": "backward adds",
@@ -119,7 +119,7 @@ def test_findings_once_per_rule_newest_first():
     newest, oldest = state.findings.newest_first()
     assert (newest.id, newest.severity) == ("loss-plateau", "info")
     assert (oldest.id, oldest.severity, oldest.ranks) == ("grads-never-cleared", "error", [0, 1])
-    text = text_of(findings.report(state))
+    text = text_of(doctor.report(state))
     assert text.index("loss-plateau") < text.index("grads-never-cleared")
     assert "of 4 parameters" not in text  # what: its first line only
     assert "step 5, train.py:42, ranks 0, 1" in text and "why: backward adds" in text
@@ -231,6 +231,6 @@ def test_single_process_run_hides_ranks_and_has_no_findings(tmp_path):
             await pilot.press("5")
             await until(pilot, lambda: "single-process run" in screen_text(app), what="why there is no Ranks tab")
             await pilot.press("6")
-            await until(pilot, lambda: findings.EMPTY in screen_text(app), what="empty doctor")
+            await until(pilot, lambda: doctor.EMPTY in screen_text(app), what="empty doctor")
 
     asyncio.run(asyncio.wait_for(scenario(), 300))

@@ -23,7 +23,7 @@ from textual.strip import Strip
 
 from ..bars import sparkline
 from ..fmt import fmt_si
-from ..layers import FLAG_STYLES, LayerRow
+from ..tabs.layers import FLAG_STYLES, LayerRow
 
 
 @dataclass(frozen=True)

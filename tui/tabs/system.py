@@ -13,9 +13,9 @@ from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
 
-from .bars import bar, sparkline, stacked
-from .fmt import fmt_bytes, fmt_ms
-from .state import RunState
+from ..bars import bar, sparkline, stacked
+from ..fmt import fmt_bytes, fmt_ms
+from ..state import RunState
 
 SPARK_WIDTH = 20
 """Samples in each sparkline (the engine samples the system about once a second)."""

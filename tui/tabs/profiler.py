@@ -11,8 +11,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from .fmt import fmt_bytes
-from .state import RunState
+from ..fmt import fmt_bytes
+from ..state import RunState
 
 
 def _ms(value) -> str:

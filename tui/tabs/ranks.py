@@ -15,11 +15,11 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from .chart import Chart, Line
-from .fmt import fmt_bytes, fmt_ms, fmt_si
-from .panels import PALETTE
-from .series import Series, rank_wants
-from .state import RunState
+from ..chart import Chart, Line
+from ..fmt import fmt_bytes, fmt_ms, fmt_si
+from ..series import Series, rank_wants
+from ..state import RunState
+from .overview import PALETTE
 
 RANK_WINDOW = 50
 """Recent steps whose medians make a rank's step time, data share and samples/s."""
