@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ptdash.shared import rundir
 from ptdash.tui.app import make_app
-from ptdash.tui.source import ReplaySource
+from ptdash.tui.source.replay import ReplaySource
 
 HERE = Path(__file__).resolve().parent
 SHOTS = (

@@ -22,7 +22,7 @@ from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layer
 
 from .fmt import command_text, fmt_si
 from .messages import SourceUpdate
-from .source import Backfill, Connection, History, LogLines, RunInfo, Source, new_command_id
+from .source import Backfill, Connection, History, InfoChanged, LogLines, Source, new_command_id
 from .state import EventLine, RunState
 from .tabs import doctor, profiler, ranks, system
 from .widgets.events_pane import EventsPane
@@ -76,7 +76,7 @@ class DashboardApp(App[str]):
         self.source = source
         self.redraw_hz = redraw_hz
         self.profile_steps = profile_steps
-        self.state = RunState(info=dict(source.info))
+        self.state = RunState(info=source.info)
         self._inbox: deque[object] = deque()
         self._sent: dict[str, str] = {}
         self._last_redraw = 0.0
@@ -149,9 +149,10 @@ class DashboardApp(App[str]):
                     self.state.get(name).merge(steps, values)
                 self._merge_ranks(obj.ranks)
                 self.state.add_walls(*obj.walls)
-            elif isinstance(obj, RunInfo):
-                self.state.info = {**self.state.info, **obj.info}
+            elif isinstance(obj, InfoChanged):
+                self.state.info = obj.info
                 self.state.note_info(obj.info)
+                self.state.note_world_size(obj.world_size)
             elif isinstance(obj, Connection):
                 self.state.connected = obj.connected
                 self.state.connection_note = obj.note
@@ -166,7 +167,7 @@ class DashboardApp(App[str]):
 
     def _apply_history(self, history: History, new_events: list[EventLine]) -> bool:
         state = self.state
-        if history.info:
+        if history.info is not None:
             state.info = history.info
             state.note_info(history.info)
         state.note_world_size(history.meta.get("world_size"))
@@ -240,8 +241,8 @@ class DashboardApp(App[str]):
         header = self.query_one(RunHeader)
         header.status = state.status
         header.steps_per_s = state.rate.rate()
-        header.started = state.info.get("started") or state.info.get("created") or state.first_wall
-        header.ended = state.info.get("ended") or state.last_wall
+        header.started = state.started_at
+        header.ended = state.ended_at
         header.connection = state.connection_note
         header.pause_reason = state.pause_reason
         self.query_one(Overview).refresh_charts(state)

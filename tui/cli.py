@@ -292,7 +292,8 @@ def progress_line(reader: StoreReader, info) -> str:
 def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True) -> int:
     """Run the Textual app on a run; return the exit status for the ptdash command."""
     from .app import make_app
-    from .source import LiveSource, ReplaySource
+    from .source.live import LiveSource
+    from .source.replay import ReplaySource
 
     source = LiveSource(run_dir) if live else ReplaySource(run_dir)
     result = make_app(source).run()

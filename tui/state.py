@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ptdash.shared.config import RunInfo
 from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Status
 
 from .series import Series, StepRate, rank_wants
@@ -34,7 +35,8 @@ class RunState:
     The app owns one; widgets receive what they need of it as attributes.
     """
 
-    info: dict = field(default_factory=dict)
+    info: RunInfo | None = None
+    """run.json as last read (None until it could be)."""
     series: dict[str, Series] = field(default_factory=dict)
     status: Status | None = None
     rate: StepRate = field(default_factory=StepRate)
@@ -70,11 +72,24 @@ class RunState:
 
     def __post_init__(self) -> None:
         self.rank_series[0] = self.series
-        self.note_info(self.info)
+        if self.info is not None:
+            self.note_info(self.info)
 
     @property
     def ended(self) -> bool:
+        """Whether the run has finished, stopped or crashed."""
         return self.status is not None and self.status.state in ENDED
+
+    @property
+    def started_at(self) -> float | None:
+        """When the run started, for elapsed time: run.json's start (or creation), else its first step's wall."""
+        info = self.info
+        return (info.started or info.created if info is not None else None) or self.first_wall
+
+    @property
+    def ended_at(self) -> float | None:
+        """When the run ended as run.json says, else its newest step's wall time."""
+        return (self.info.ended if self.info is not None else None) or self.last_wall
 
     def get(self, name: str) -> Series:
         """The series called ``name``, created empty when new."""
@@ -103,10 +118,10 @@ class RunState:
         if isinstance(size, int) and not isinstance(size, bool) and size > self.world_size:
             self.world_size = size
 
-    def note_info(self, info: dict) -> None:
+    def note_info(self, info: RunInfo) -> None:
         """Take what run.json says about the ranks: how many, and which failed how."""
-        self.note_world_size(info.get("world_size"))
-        self._note_failures(info.get("rank_failures"))
+        self.note_world_size(info.world_size)
+        self._note_failures(info.rank_failures)
 
     def _note_failures(self, failures: object) -> None:
         if not isinstance(failures, list):

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ptdash.shared import rundir
+from ptdash.shared.config import RunInfo
 from ptdash.shared.protocol import Ack, Command, Event, LayerNames, Layers, Metrics, Status, Welcome
 from ptdash.shared.store import STORE_NAME, StoreWriter
 from ptdash.shared.transport import Server
@@ -134,6 +135,11 @@ def make_run(root: Path, steps: int = 500, status: str = "running", name: str = 
         changes.update(exit_code=exit_code, ended=start + 2 + steps * 0.05)
     rundir.update_info(run_dir, **changes)
     return run_dir
+
+
+def run_info(**fields) -> RunInfo:
+    """A run.json for tests of what reads one: made-up identity, the rest as given."""
+    return RunInfo(id="r1", name="demo", run_dir="/runs/demo", socket="/runs/demo.sock", **fields)
 
 
 RANK_LOSS = 100.0

@@ -13,15 +13,12 @@ import math
 import time
 
 from ptdash.shared.protocol import LayerNames, Layers
-from ptdash.shared.reader import StoreReader
-from ptdash.shared.store import STORE_NAME
 from ptdash.tui.app import make_app
 from ptdash.tui.bars import bar, sparkline, stacked
-from ptdash.tui.source import LiveSource
+from ptdash.tui.source.live import LiveSource
 from ptdash.tui.tabs.layers import LayerStats, combine, module_of, natural_key, select
 from ptdash.tui.widgets.layer_table import LayerTable
 from ptdash.tui.widgets.layers_view import LayersView
-from support.inbox import Inbox
 from support.pilot import screen_text, until
 from support.recorded_run import EXPLODING, LAYER_COUNT, VANISHING, FakeEngine, layer_names, make_run
 
@@ -128,30 +125,6 @@ def test_cells_keep_the_end_of_long_names_and_say_nan():
     assert cell(row, Column("name", "name", 20), ()).plain == "…ttn.out_proj.weight"
     assert cell(row, Column("norm", "grad norm", 9, "right"), ()).plain == "  NaN/Inf"
     assert cell(row, Column("flag", "flag", 9), ()).plain == "nonfinite"
-
-
-def test_the_store_finds_names_stored_before_the_window(tmp_path):
-    run_dir = make_run(tmp_path, steps=200, layers=20)
-    with StoreReader(run_dir / STORE_NAME) as reader:
-        records = reader.layers(limit=10)
-        names = reader.layer_names(records[0].step)
-        assert reader.layer_names(3) is None  # before the first record
-    assert [r.step for r in records] == list(range(164, 201, 4))
-    assert names.names == layer_names(20) and names.step == 4  # stored with step 4's record, outside the window
-    assert records[-1].update_ratios is not None  # step 200 sampled ratios
-
-
-def test_a_dashboard_that_connects_later_is_sent_the_names(tmp_path):
-    run_dir = make_run(tmp_path, steps=40, layers=20)
-    names = LayerNames(step=41, names=[f"w{i}" for i in range(20)], shapes=[[2]] * 20)
-    with FakeEngine(run_dir, step=40, layer_names=names):
-        inbox = Inbox()
-        source = LiveSource(run_dir)
-        source.start(inbox)
-        try:
-            assert inbox.wait(lambda x: isinstance(x, LayerNames)) == names
-        finally:
-            source.close()
 
 
 # ----------------------------------------------------------------------------- Pilot

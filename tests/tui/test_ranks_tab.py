@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
-import sys
 import time
 from io import StringIO
 
@@ -19,13 +17,13 @@ from rich.console import Console
 from ptdash.shared import rundir
 from ptdash.shared.protocol import Event, Metrics, Status
 from ptdash.tui.app import make_app
-from ptdash.tui.source import LiveSource, ReplaySource, RunInfo, load_history
+from ptdash.tui.source.live import LiveSource
+from ptdash.tui.source.replay import ReplaySource
 from ptdash.tui.state import RunState
 from ptdash.tui.tabs import doctor, ranks
 from ptdash.tui.widgets.chart_panel import ChartPanel
-from support.inbox import Inbox
 from support.pilot import screen_text, until
-from support.recorded_run import FINDINGS, RANK_LOSS, FakeEngine, make_ddp_run, make_run, rank_row
+from support.recorded_run import FINDINGS, RANK_LOSS, FakeEngine, make_ddp_run, make_run, rank_row, run_info
 
 KILLED = dict(status="crashed", exit_code=-9, rank_failures=[{"rank": 1, "exitcode": -9}, {"rank": 0, "exitcode": -15}],
               detail="rank 1 killed by SIGKILL; the launcher then stopped rank 0")
@@ -82,7 +80,7 @@ def test_rank_rows_scores_stragglers_and_says_why_a_rank_stopped():
     state.add_metrics(Metrics(rank=2, rows=[[21, 0.0, {"time/step_s": 0.09}]]))
     assert ranks.rank_rows(state)[2].status == "ok"  # it stepped again
 
-    state.note_info({"world_size": 3, "rank_failures": [{"rank": 2, "exitcode": -9}, {"rank": 0, "exitcode": 1}]})
+    state.note_info(run_info(world_size=3, rank_failures=[{"rank": 2, "exitcode": -9}, {"rank": 0, "exitcode": 1}]))
     state.set_status(Status(state="crashed", step=21, exit_code=-9, detail="rank 2 killed by SIGKILL"))
     by_rank = {r.rank: r for r in ranks.rank_rows(state)}
     assert (by_rank[2].status, by_rank[2].detail) == ("failed", "SIGKILL (-9)")
@@ -124,38 +122,6 @@ def test_findings_once_per_rule_newest_first():
     assert "of 4 parameters" not in text  # what: its first line only
     assert "step 5, train.py:42, ranks 0, 1" in text and "why: backward adds" in text
     assert "fix: zero_grad once per step" in text and "2 findings  1 error  1 info" in text
-
-
-def test_history_loads_each_ranks_series(tmp_path):
-    run_dir = make_ddp_run(tmp_path, steps=50)
-    history = load_history(run_dir)
-    assert sorted(history.ranks) == [1]
-    assert {"loss", "time/step_s", "time/data_s", "host/rss_bytes"} <= set(history.ranks[1])
-    assert "grad/norm_total" not in history.ranks[1]
-    assert max(history.series["loss"][1]) < RANK_LOSS  # rank 0's loss only
-    assert history.ranks[1]["loss"][0][-1] == 50
-
-
-def test_source_waits_for_the_launcher_to_name_the_failed_rank(tmp_path):
-    """Rank 0's engine records the crash first; the launcher names the failed ranks after."""
-    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        run_dir = make_ddp_run(tmp_path, steps=20, findings=False, status="crashed", pid=None,
-                               launcher_pid=launcher.pid)
-        inbox = Inbox()
-        source = LiveSource(run_dir)
-        source.start(inbox)
-        inbox.wait(lambda x: isinstance(x, Status) and x.state == "crashed")
-        time.sleep(1.2)  # the source keeps following run.json while the launcher runs
-        rundir.update_info(run_dir, **KILLED)
-        launcher.kill()
-        info = inbox.wait(lambda x: isinstance(x, RunInfo) and x.info.get("rank_failures"), timeout=10).info
-        assert info["detail"] == KILLED["detail"] and info["world_size"] == 2
-        inbox.wait(lambda x: isinstance(x, Status) and x.exit_code == -9)
-        source.close()
-    finally:
-        launcher.kill()
-        launcher.wait()
 
 
 # --------------------------------------------------------------------------- Pilot

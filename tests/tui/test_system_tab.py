@@ -14,7 +14,7 @@ from rich.console import Console
 
 from ptdash.shared.protocol import Ack, Event, Metrics
 from ptdash.tui.app import make_app
-from ptdash.tui.source import LiveSource
+from ptdash.tui.source.live import LiveSource
 from ptdash.tui.state import RunState
 from ptdash.tui.tabs import profiler, system
 from ptdash.tui.widgets.header import RunHeader
