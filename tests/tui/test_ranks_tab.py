@@ -83,11 +83,11 @@ def test_rank_rows_scores_stragglers_and_says_why_a_rank_stopped():
     state.note_info(run_info(world_size=3, rank_failures=[{"rank": 2, "exitcode": -9}, {"rank": 0, "exitcode": 1}]))
     state.set_status(Status(state="crashed", step=21, exit_code=-9, detail="rank 2 killed by SIGKILL"))
     by_rank = {r.rank: r for r in ranks.rank_rows(state)}
-    assert (by_rank[2].status, by_rank[2].detail) == ("failed", "SIGKILL (-9)")
-    assert (by_rank[0].status, by_rank[0].detail) == ("stopped", "exit 1")
+    assert (by_rank[2].status, by_rank[2].detail) == ("failed", "killed by SIGKILL")
+    assert (by_rank[0].status, by_rank[0].detail) == ("stopped", "exit code 1")
     assert by_rank[1].status == "crashed"
     text = text_of(ranks.table(state, 100))
-    assert "failed SIGKILL (-9)" in text and "rank 2 killed by SIGKILL" in text
+    assert "failed killed by SIGKILL" in text and "rank 2 killed by SIGKILL" in text
     legend, chart = ranks.step_chart(state)
     assert len(chart.lines) == 3 and "r2 90.0 ms" in legend.plain
 
@@ -175,10 +175,10 @@ def test_ranks_and_doctor_tabs_follow_a_ddp_run(tmp_path):
             await pilot.press("5")
             rundir.update_info(run_dir, **KILLED)
             engine.server.stop()
-            await until(pilot, lambda: "failed SIGKILL (-9)" in screen_text(app), what="failed rank")
+            await until(pilot, lambda: "failed killed by SIGKILL" in screen_text(app), what="failed rank")
             text = screen_text(app)
-            assert "stopped SIGTERM (-15)" in text and "the launcher then stopped rank 0" in text
-            assert "crashed (exit code -9)" in text.splitlines()[0]
+            assert "stopped killed by SIGTERM" in text and "the launcher then stopped rank 0" in text
+            assert "crashed (killed by SIGKILL)" in text.splitlines()[0]
 
     with FakeEngine(run_dir, step=200, world_size=2) as engine:
         asyncio.run(asyncio.wait_for(scenario(engine), 300))
