@@ -142,6 +142,15 @@ def run_info(**fields) -> RunInfo:
     return RunInfo(id="r1", name="demo", run_dir="/runs/demo", socket="/runs/demo.sock", **fields)
 
 
+PROFILE_TOP = [
+    {"name": "aten::addmm", "calls": 30, "self_ms": 12.5, "total_ms": 14.0, "self_device_ms": 0.0,
+     "total_device_ms": 0.0, "cpu_mem_bytes": 3 * 2 ** 20, "device_mem_bytes": 0},
+    {"name": "aten::gelu_backward", "calls": 10, "self_ms": 4.25, "total_ms": 4.25, "self_device_ms": 0.0,
+     "total_device_ms": 0.0, "cpu_mem_bytes": 0, "device_mem_bytes": 0},
+]
+"""The top ops of a CPU profile report, as the engine's ``profile`` event carries them."""
+
+
 RANK_LOSS = 100.0
 """Ranks above 0 record a loss near this, so a rank's rows in rank 0's charts would show."""
 

@@ -23,3 +23,15 @@ def test_run_state_folds_messages():
     assert event.level == "error" and event.text == "step 7 anomaly: nan loss"
     state.status = Status(state="finished", step=3, exit_code=0)
     assert state.ended
+
+
+def test_anomaly_pause_reason_lasts_while_paused():
+    state = RunState()
+    state.set_status(Status(state="running", step=10))
+    state.add_event(Event(kind="anomaly", step=11, wall=1.0, data={"action": "pause", "layer": "fc1.weight"},
+                     message="non-finite gradient before the update of step 11, first in fc1.weight"))
+    assert state.events[-1].level == "error"
+    state.set_status(Status(state="paused", step=10, paused_at=10))
+    assert state.pause_reason == "non-finite gradient in fc1.weight"
+    state.set_status(Status(state="running", step=10))
+    assert state.pause_reason is None
