@@ -232,6 +232,14 @@ class DashboardApp(App[str]):
         delay = max(0.01, self._last_redraw + 1.0 / self.redraw_hz - time.monotonic())
         self._redraw_timer = self.set_timer(delay, self._redraw)
 
+    @property
+    def drawn(self) -> bool:
+        """Whether everything the source delivered so far is on screen (no delivery or redraw waits).
+
+        Tests and the screenshot script wait for this instead of sleeping.
+        """
+        return not self._inbox and self._redraw_timer is None
+
     def _redraw(self) -> None:
         self._redraw_timer = None
         if not self.is_running or not self.screen_stack:
