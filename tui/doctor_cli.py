@@ -1,4 +1,4 @@
-"""``ptdash doctor [RUN]``: what the training doctor found in a run. Stdlib only.
+"""``ptdash doctor [RUN]``: what the training doctor found in a run. No Textual: plain text out.
 
 Reads the ``finding`` events from the run's store (live or finished) and prints each
 with what was seen, why it matters and the fix, then the Python warnings the script

@@ -4,6 +4,7 @@ import pytest
 
 from ptdash.shared.protocol import Ack, Event, Metrics, Status
 from ptdash.tui.state import RunState
+from support.recorded_run import run_info
 
 
 def test_run_state_folds_messages():
@@ -35,3 +36,21 @@ def test_anomaly_pause_reason_lasts_while_paused():
     assert state.pause_reason == "non-finite gradient in fc1.weight"
     state.set_status(Status(state="running", step=10))
     assert state.pause_reason is None
+
+
+def test_start_and_end_come_from_run_json_else_from_the_steps():
+    state = RunState()
+    assert state.started_at is None and state.ended_at is None
+    state.add_metrics(Metrics(rows=[[1, 100.0, {"loss": 1.0}], [2, 101.0, {"loss": 1.0}]]))
+    assert (state.started_at, state.ended_at) == (100.0, 101.0)
+    state.info = run_info(created=90.0)
+    assert (state.started_at, state.ended_at) == (90.0, 101.0)
+    state.info = run_info(created=90.0, started=95.0, ended=120.0)
+    assert (state.started_at, state.ended_at) == (95.0, 120.0)
+
+
+def test_run_json_says_how_many_ranks_and_which_failed():
+    state = RunState(info=run_info(world_size=2))
+    assert state.world_size == 2
+    state.note_info(run_info(rank_failures=[{"rank": 3, "exitcode": -9}, {"rank": 0, "exitcode": 1}]))
+    assert state.world_size == 4 and state.rank_failures == {3: -9, 0: 1}
