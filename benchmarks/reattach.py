@@ -73,7 +73,7 @@ def build(root: Path, steps: int) -> tuple[Path, dict]:
                          Event(kind="run", step=steps, wall=start + steps * 0.001, message="finished")])
     writer.close()
     rundir.update_info(run_dir, status="finished", exit_code=0, pid=None, started=start,
-                       ended=start + steps * 0.001, steps=steps, step=steps)
+                       ended=start + steps * 0.001, step=steps)
     figures = {"write_s": seconds, "steps_per_s": steps / seconds, "rows_per_s": rows_written / seconds,
                "cpu_s": cpu, "cpu_steps_per_s": steps / cpu, "store_mb": (run_dir / STORE_NAME).stat().st_size / 1e6}
     return run_dir, figures
