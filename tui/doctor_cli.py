@@ -39,7 +39,7 @@ def cmd_doctor(argv: list[str]) -> int:
         run = runs.resolve(argv[0] if argv else None)
         with StoreReader(run.path / STORE_NAME) as reader:
             events = reader.events()
-    except (LookupError, StoreError, OSError, sqlite3.Error) as exc:
+    except (LookupError, StoreError, OSError, ValueError, sqlite3.Error) as exc:  # ValueError: a damaged run.json
         message = str(exc).strip().splitlines()
         print(f"ptdash: error: {message[0] if message else type(exc).__name__}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ptdash.shared import rundir
 from ptdash.shared.reader import StoreReader
 from support.runner import ENV, REPO, SCRIPTS, ptdash
 
@@ -179,11 +180,16 @@ def test_doctor_command_errors_are_one_line(tmp_path):
     from ptdash.tui.doctor_cli import cmd_doctor
 
     err = io.StringIO()
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "run.json").write_text('{"id": "x", "name": "x"}')
+    run_dir = rundir.create(tmp_path, "run", exact=True)  # a run.json, but no store yet
     with redirect_stderr(err):
-        assert cmd_doctor([str(tmp_path / "run")]) == 1
+        assert cmd_doctor([str(run_dir)]) == 1
     assert err.getvalue().count("\n") == 1 and "metrics" in err.getvalue()
+    err = io.StringIO()
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "run.json").write_text('{"id": "x", "name": "x"}')
+    with redirect_stderr(err):
+        assert cmd_doctor([str(tmp_path / "damaged")]) == 1
+    assert err.getvalue().count("\n") == 1 and "run.json is damaged" in err.getvalue()
     with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):
         assert cmd_doctor(["a", "b"]) == 2
 
