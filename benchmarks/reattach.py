@@ -81,7 +81,7 @@ def build(root: Path, steps: int) -> tuple[Path, dict]:
 
 def time_reads(run_dir: Path) -> dict:
     """Seconds to read every series decimated, the way the dashboard's sources do."""
-    from ptdash.tui.source import HISTORY_POINTS, load_history, load_series
+    from ptdash.tui.source.history import HISTORY_POINTS, load_history, load_series
 
     t0 = time.perf_counter()
     history = load_history(run_dir)
@@ -99,7 +99,7 @@ def time_reads(run_dir: Path) -> dict:
 
 async def _drawn(run_dir: Path) -> tuple[float, str]:
     from ptdash.tui.app import make_app
-    from ptdash.tui.source import ReplaySource
+    from ptdash.tui.source.replay import ReplaySource
     from ptdash.tui.widgets.chart_panel import ChartPanel
     from ptdash.tui.widgets.overview import Overview
 

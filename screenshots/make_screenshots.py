@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ptdash.shared import rundir
 from ptdash.tui.app import make_app
-from ptdash.tui.source import ReplaySource
+from ptdash.tui.source.replay import ReplaySource
 
 HERE = Path(__file__).resolve().parent
 SHOTS = (
@@ -62,11 +62,10 @@ async def screenshot(run_dir: Path, size: tuple[int, int], keys: tuple[str, ...]
     app = make_app(ReplaySource(run_dir))
     async with app.run_test(size=size) as pilot:
         deadline = time.monotonic() + 10
-        while app.state.status is None or app.state.connection_note != "replay (read-only)":
+        while app.state.status is None or app.state.connection_note != "replay (read-only)" or not app.drawn:
             if time.monotonic() > deadline:
                 raise SystemExit(f"the dashboard did not load {run_dir}")
             await pilot.pause(0.1)
-        await pilot.pause(0.5)  # one throttled redraw after the last delivery
         for key in keys:
             await pilot.press(key)
             await pilot.pause(0.2)

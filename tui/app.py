@@ -20,10 +20,11 @@ from textual.widgets import Footer, TabbedContent, TabPane
 
 from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Status
 
-from . import findings, profile, ranks, system
+from .fmt import command_text, fmt_si
 from .messages import SourceUpdate
-from .source import Backfill, Connection, History, LogLines, RunInfo, Source, new_command_id
-from .state import EventLine, RunState, command_text, fmt_si
+from .source import Backfill, Connection, History, InfoChanged, LogLines, Source, new_command_id
+from .state import EventLine, RunState
+from .tabs import doctor, profiler, ranks, system
 from .widgets.events_pane import EventsPane
 from .widgets.header import RunHeader
 from .widgets.help_screen import HelpScreen
@@ -75,7 +76,7 @@ class DashboardApp(App[str]):
         self.source = source
         self.redraw_hz = redraw_hz
         self.profile_steps = profile_steps
-        self.state = RunState(info=dict(source.info))
+        self.state = RunState(info=source.info)
         self._inbox: deque[object] = deque()
         self._sent: dict[str, str] = {}
         self._last_redraw = 0.0
@@ -93,11 +94,11 @@ class DashboardApp(App[str]):
             with TabPane("3 System", id="system"):
                 yield ReportView(system.report, system.versions, id="system-view")
             with TabPane("4 Profiler", id="profiler"):
-                yield ReportView(profile.report, profile.versions, id="profiler-view")
+                yield ReportView(profiler.report, profiler.versions, id="profiler-view")
             with TabPane("5 Ranks", id="ranks"):
                 yield RanksView(id="ranks-view")
             with TabPane("6 Doctor", id="doctor"):
-                yield ReportView(findings.report, findings.versions, id="doctor-view")
+                yield ReportView(doctor.report, doctor.versions, id="doctor-view")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -148,9 +149,10 @@ class DashboardApp(App[str]):
                     self.state.get(name).merge(steps, values)
                 self._merge_ranks(obj.ranks)
                 self.state.add_walls(*obj.walls)
-            elif isinstance(obj, RunInfo):
-                self.state.info = {**self.state.info, **obj.info}
+            elif isinstance(obj, InfoChanged):
+                self.state.info = obj.info
                 self.state.note_info(obj.info)
+                self.state.note_world_size(obj.world_size)
             elif isinstance(obj, Connection):
                 self.state.connected = obj.connected
                 self.state.connection_note = obj.note
@@ -165,7 +167,7 @@ class DashboardApp(App[str]):
 
     def _apply_history(self, history: History, new_events: list[EventLine]) -> bool:
         state = self.state
-        if history.info:
+        if history.info is not None:
             state.info = history.info
             state.note_info(history.info)
         state.note_world_size(history.meta.get("world_size"))
@@ -230,6 +232,14 @@ class DashboardApp(App[str]):
         delay = max(0.01, self._last_redraw + 1.0 / self.redraw_hz - time.monotonic())
         self._redraw_timer = self.set_timer(delay, self._redraw)
 
+    @property
+    def drawn(self) -> bool:
+        """Whether everything the source delivered so far is on screen (no delivery or redraw waits).
+
+        Tests and the screenshot script wait for this instead of sleeping.
+        """
+        return not self._inbox and self._redraw_timer is None
+
     def _redraw(self) -> None:
         self._redraw_timer = None
         if not self.is_running or not self.screen_stack:
@@ -239,8 +249,8 @@ class DashboardApp(App[str]):
         header = self.query_one(RunHeader)
         header.status = state.status
         header.steps_per_s = state.rate.rate()
-        header.started = state.info.get("started") or state.info.get("created") or state.first_wall
-        header.ended = state.info.get("ended") or state.last_wall
+        header.started = state.started_at
+        header.ended = state.ended_at
         header.connection = state.connection_note
         header.pause_reason = state.pause_reason
         self.query_one(Overview).refresh_charts(state)
@@ -251,7 +261,7 @@ class DashboardApp(App[str]):
         self.query_one(RanksView).refresh_ranks(state)
         if len(state.findings) != self._doctor_count:
             self._doctor_count = len(state.findings)
-            badge = Text(f"({self._doctor_count})", findings.SEVERITY_STYLES[state.findings.worst()])
+            badge = Text(f"({self._doctor_count})", doctor.SEVERITY_STYLES[state.findings.worst()])
             self.query_one(TabbedContent).get_tab("doctor").label = Text.assemble("6 Doctor ", badge)
 
     def _show_ranks_tab(self) -> None:

@@ -16,7 +16,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.style import Style
 
-from .state import fmt_si
+from .fmt import fmt_si
 
 BRAILLE_BASE = 0x2800
 # Dot bit for pixel (x, y) inside a cell, y counted from the top.

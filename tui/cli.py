@@ -6,41 +6,33 @@ ptdash [options] -m module [args...]      run a module
 ptdash demo [demo args...]                the built-in demo
 ptdash attach [RUN]  /  show RUN  /  ls   re-attach, browse, list
 ptdash ctl [RUN] COMMAND [VALUE]          steer a run from another terminal
+ptdash doctor [RUN]                       what the training doctor found
 ```
 
-Never imports torch: the dashboard's first frame must not wait for it.
+This module parses the arguments, launches the engine and picks the front: the
+dashboard, or ``headless`` when stdout is not a terminal. ``ctl`` and ``doctor_cli``
+hold their subcommands. Never imports torch: the dashboard's first frame must not wait for it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 from ptdash.shared import __version__, rundir
-from ptdash.shared.client import Client
 from ptdash.shared.config import ConfigError, RunConfig
-from ptdash.shared.protocol import ENDED, Ack, Command, Status, TransportError, parse_positive
-from ptdash.shared.reader import StoreReader, wait_for_store
-from ptdash.shared.store import STORE_NAME
+from ptdash.shared.protocol import TransportError, parse_positive
 
 from . import runs
+from .ctl import cmd_ctl
+from .errors import CliError
+from .headless import headless
 
 SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor")
-
-
-class CliError(Exception):
-    """A problem to report as one line, with an exit status."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class _Parser(argparse.ArgumentParser):
@@ -206,93 +198,11 @@ def _git_commit(target: list[str]) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0) -> int:
-    """Stream the script's output, print a progress line every ``every`` s, return its exit code.
-
-    Ctrl-C asks the engine to stop cleanly; a second Ctrl-C kills it.
-    """
-    interrupts = 0
-
-    def on_sigint(*_):
-        nonlocal interrupts
-        interrupts += 1
-        name = "stop" if interrupts == 1 else "kill"
-        print(f"\n[ptdash] {'stopping cleanly (Ctrl-C again to kill)' if name == 'stop' else 'killing'}",
-              flush=True)
-        try:
-            send_command(run_dir, Command(id=uuid.uuid4().hex[:8], name=name), wait=False)
-        except (TransportError, OSError):
-            proc.kill()
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    log_path = run_dir / "output.log"
-    offset, last_progress = 0, time.monotonic()
-    reader = None
-    try:
-        while True:
-            code = proc.poll()
-            offset = _copy_new(log_path, offset)
-            if code is not None:
-                break
-            if time.monotonic() - last_progress >= every:
-                reader = reader or wait_for_store(run_dir / STORE_NAME, 0)
-                if reader is not None:
-                    print(progress_line(reader, rundir.read_info(run_dir)), flush=True)
-                last_progress = time.monotonic()
-            time.sleep(0.2)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    info = rundir.read_info(run_dir)
-    with wait_for_store(run_dir / STORE_NAME, 1) or _nullcontext() as reader:
-        line = progress_line(reader, info) if reader else ""
-    print(f"[ptdash] {info.status} with exit code {code}; {line.removeprefix('[ptdash] ')}"
-          f"\n[ptdash] run dir: {run_dir}", flush=True)
-    return code
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *_):
-        return False
-
-
-def _copy_new(path: Path, offset: int) -> int:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return offset
-    if data:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-    return offset + len(data)
-
-
-def progress_line(reader: StoreReader, info) -> str:
-    """``[ptdash] step 1200 | loss 2.3456 | lr 3.00e-04 | 12.3 steps/s``."""
-    step, values = reader.latest()
-    if step is None:
-        return f"[ptdash] {info.status}: no step yet"
-    parts = [f"step {step}"]
-    if values.get("loss") is not None:
-        parts.append(f"loss {values['loss']:.4f}")
-    if values.get("opt/lr/group0") is not None:
-        parts.append(f"lr {values['opt/lr/group0']:.2e}")
-    if values.get("grad/norm_total") is not None:
-        parts.append(f"grad norm {values['grad/norm_total']:.3g}")
-    steps, walls = reader.walls(after_step=step - 50)
-    if len(walls) >= 2 and walls[-1] > walls[0]:
-        parts.append(f"{(len(walls) - 1) / (walls[-1] - walls[0]):.1f} steps/s")
-    return "[ptdash] " + " | ".join(parts)
-
-
 def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True) -> int:
     """Run the Textual app on a run; return the exit status for the ptdash command."""
     from .app import make_app
-    from .source import LiveSource, ReplaySource
+    from .source.live import LiveSource
+    from .source.replay import ReplaySource
 
     source = LiveSource(run_dir) if live else ReplaySource(run_dir)
     result = make_app(source).run()
@@ -308,29 +218,11 @@ def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True) -
     return int(info.exit_code or 0)
 
 
-def send_command(run_dir: Path, cmd: Command, wait: bool = True, timeout: float = 120.0) -> Ack | None:
-    """Send one command; with ``wait``, return the engine's Ack for it (None on timeout)."""
-    info = rundir.read_info(run_dir)
-    client = Client(info.socket, rundir.read_token(run_dir), name="ctl")
-    client.connect()
-    try:
-        client.send(cmd)
-        deadline = time.monotonic() + timeout
-        while wait and time.monotonic() < deadline:
-            msg = client.recv(timeout=max(0.0, deadline - time.monotonic()))
-            if isinstance(msg, Ack) and msg.id == cmd.id:
-                return msg
-            if isinstance(msg, Status) and msg.state in ENDED:
-                raise TransportError(f"the run ended ({msg.state}) before answering")
-        return None
-    finally:
-        client.close()
-
-
 # ------------------------------------------------------------------- subcommands
 
 
 def cmd_ls() -> int:
+    """``ptdash ls``: one line per run here or registered live, oldest first."""
     found = runs.all_runs()
     if not found:
         print("no runs here (looked in ./ptdash-runs and the live-run registry)")
@@ -344,47 +236,8 @@ def cmd_ls() -> int:
     return 0
 
 
-CTL_COMMANDS = {"pause": "pause", "resume": "resume", "checkpoint": "checkpoint", "clip": "clip",
-                "lr-scale": "lr_scale", "stop": "stop", "kill": "kill", "profile": "profile"}
-
-
-def cmd_ctl(argv: list[str]) -> int:
-    usage = "usage: ptdash ctl [RUN] pause|resume|checkpoint|clip X|lr-scale X|profile N|stop|kill"
-    words = list(argv)
-    spec = None
-    if words and words[0] not in CTL_COMMANDS:
-        spec = words.pop(0)
-    if not words or words[0] not in CTL_COMMANDS:
-        raise CliError(usage)
-    name = CTL_COMMANDS[words.pop(0)]
-    value = None
-    if name in ("clip", "lr_scale", "profile"):
-        if len(words) != 1:
-            raise CliError(f"{name.replace('_', '-')} takes one value ({usage})")
-        try:
-            value = parse_positive(words[0], {"clip": "clip norm", "lr_scale": "LR factor",
-                                              "profile": "step count"}[name], allow_off=name == "clip")
-        except ValueError as exc:
-            raise CliError(str(exc), 1) from None
-    elif words:
-        raise CliError(f"unexpected {' '.join(words)!r} ({usage})")
-    run = runs.resolve(spec, live_only=True)
-    cmd = Command(id=uuid.uuid4().hex[:8], name=name, value=value)
-    try:
-        ack = send_command(run.path, cmd, wait=name != "kill")
-    except TransportError as exc:
-        raise CliError(str(exc), 1) from None
-    if name == "kill":
-        print(f"killed {run.path.name}")
-        return 0
-    if ack is None:
-        raise CliError("no answer from the engine in time (is the step very long?)", 1)
-    where = f"at step {ack.step}: " if ack.step is not None else ""
-    print(f"{name}: {where}{ack.message}" if ack.ok else f"{name} refused: {ack.message}")
-    return 0 if ack.ok else 1
-
-
 def main(argv: list[str] | None = None) -> int:
+    """The ``ptdash`` entry point: run ``argv`` (default: the command line) and return the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         return _main(argv)

@@ -1,4 +1,4 @@
-"""``ptdash doctor [RUN]``: what the training doctor found in a run. Stdlib only.
+"""``ptdash doctor [RUN]``: what the training doctor found in a run. No Textual: plain text out.
 
 Reads the ``finding`` events from the run's store (live or finished) and prints each
 with what was seen, why it matters and the fix, then the Python warnings the script
@@ -17,7 +17,7 @@ from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME, StoreError
 
 from . import runs
-from .findings import Findings
+from .tabs.doctor import Findings
 
 USAGE = "usage: ptdash doctor [RUN]"
 HELP = f"""{USAGE}
@@ -39,7 +39,7 @@ def cmd_doctor(argv: list[str]) -> int:
         run = runs.resolve(argv[0] if argv else None)
         with StoreReader(run.path / STORE_NAME) as reader:
             events = reader.events()
-    except (LookupError, StoreError, OSError, ValueError, sqlite3.Error) as exc:
+    except (LookupError, StoreError, OSError, ValueError, sqlite3.Error) as exc:  # ValueError: a damaged run.json
         message = str(exc).strip().splitlines()
         print(f"ptdash: error: {message[0] if message else type(exc).__name__}", file=sys.stderr)
         return 1

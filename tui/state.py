@@ -1,129 +1,20 @@
-"""Pure dashboard state: series buffers, decimation, smoothing, rates and formatting.
+"""Everything the dashboard shows, folded from the source's deliveries: ``RunState``.
 
-Nothing here imports Textual or torch, so every function is tested on plain lists.
+The app owns one RunState and hands the tabs and widgets what they need of it. Pure:
+nothing here imports Textual or torch, so the folding is tested on plain messages.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-import re
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
-from ptdash.shared.decimate import decimate
+from ptdash.shared.config import RunInfo
 from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Status
 
-from .findings import Findings
-from .layers import LayerStats
-
-SERIES_CAP = 8000
-"""Points a series buffer holds before it decimates itself to half of that."""
-
-RANK_SERIES = ("loss", "time/step_s", "time/data_s", "throughput/samples_per_s", "host/rss_bytes")
-"""The series kept of ranks other than 0 (the Ranks tab's columns), besides GPU memory."""
-
-_GPU_ALLOCATED = re.compile(r"^gpu\d+/mem_allocated_bytes$")
-
-
-def rank_wants(name: str) -> bool:
-    """Whether the Ranks tab reads series ``name`` of every rank."""
-    return name in RANK_SERIES or _GPU_ALLOCATED.match(name) is not None
-
-
-# ------------------------------------------------------------------------- decimation
-
-
-# ---------------------------------------------------------------------------- buffers
-
-
-class Series:
-    """One metric's points in step order: append-only, decimating itself when it grows.
-
-    Live rows are appended at full resolution; when the buffer passes ``cap`` points the
-    whole of it is decimated to ``cap // 2`` (min/max per bucket), so memory and drawing
-    cost stay bounded on a run of a million steps while spikes survive.
-    """
-
-    def __init__(self, cap: int = SERIES_CAP) -> None:
-        self.cap = cap
-        self.steps: list[int] = []
-        self.values: list[float | None] = []
-        self.version = 0
-        """Bumped on every change, so a chart redraws only when its data moved."""
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    @property
-    def last_step(self) -> int | None:
-        return self.steps[-1] if self.steps else None
-
-    def latest(self) -> float | None:
-        """The newest value (None when empty or non-finite)."""
-        return self.values[-1] if self.values else None
-
-    def extend(self, steps: list[int], values: list[float | None]) -> None:
-        """Append points newer than the last one; older ones are ignored."""
-        last = self.last_step
-        for s, v in zip(steps, values):
-            if last is None or s > last:
-                self.steps.append(s)
-                self.values.append(v)
-                last = s
-        self._settle()
-
-    def append(self, step: int, value: float | None) -> None:
-        if not self.steps or step > self.steps[-1]:
-            self.steps.append(step)
-            self.values.append(value)
-            self._settle()
-
-    def merge(self, steps: list[int], values: list[float | None]) -> None:
-        """Insert points anywhere (a gap read back from the store); existing steps win."""
-        for s, v in zip(steps, values):
-            i = bisect.bisect_left(self.steps, s)
-            if i < len(self.steps) and self.steps[i] == s:
-                continue
-            self.steps.insert(i, s)
-            self.values.insert(i, v)
-        self._settle()
-
-    def _settle(self) -> None:
-        if len(self.steps) > self.cap:
-            self.steps, self.values = decimate(self.steps, self.values, self.cap // 2)
-        self.version += 1
-
-
-class StepRate:
-    """Steps per second from the wall times of recent steps."""
-
-    def __init__(self, window_s: float = 30.0, max_points: int = 256) -> None:
-        self.window_s = window_s
-        self._points: deque[tuple[int, float]] = deque(maxlen=max_points)
-
-    def add(self, step: int, wall: float) -> None:
-        if not self._points or step > self._points[-1][0]:
-            self._points.append((step, wall))
-
-    def rate(self) -> float | None:
-        """Steps per second over the last ``window_s`` seconds of steps, None when unknown."""
-        if len(self._points) < 2:
-            return None
-        last_step, last_wall = self._points[-1]
-        first_step, first_wall = self._points[0]
-        for s, w in self._points:
-            if w >= last_wall - self.window_s:
-                first_step, first_wall = s, w
-                break
-        if last_step == first_step:
-            first_step, first_wall = self._points[-2]
-        span = last_wall - first_wall
-        return (last_step - first_step) / span if span > 0 else None
-
-
-# -------------------------------------------------------------------------- run state
+from .series import Series, StepRate, rank_wants
+from .tabs.doctor import Findings
+from .tabs.layers import LayerStats
 
 
 @dataclass
@@ -144,7 +35,8 @@ class RunState:
     The app owns one; widgets receive what they need of it as attributes.
     """
 
-    info: dict = field(default_factory=dict)
+    info: RunInfo | None = None
+    """run.json as last read (None until it could be)."""
     series: dict[str, Series] = field(default_factory=dict)
     status: Status | None = None
     rate: StepRate = field(default_factory=StepRate)
@@ -180,11 +72,24 @@ class RunState:
 
     def __post_init__(self) -> None:
         self.rank_series[0] = self.series
-        self.note_info(self.info)
+        if self.info is not None:
+            self.note_info(self.info)
 
     @property
     def ended(self) -> bool:
+        """Whether the run has finished, stopped or crashed."""
         return self.status is not None and self.status.state in ENDED
+
+    @property
+    def started_at(self) -> float | None:
+        """When the run started, for elapsed time: run.json's start (or creation), else its first step's wall."""
+        info = self.info
+        return (info.started or info.created if info is not None else None) or self.first_wall
+
+    @property
+    def ended_at(self) -> float | None:
+        """When the run ended as run.json says, else its newest step's wall time."""
+        return (self.info.ended if self.info is not None else None) or self.last_wall
 
     def get(self, name: str) -> Series:
         """The series called ``name``, created empty when new."""
@@ -213,10 +118,10 @@ class RunState:
         if isinstance(size, int) and not isinstance(size, bool) and size > self.world_size:
             self.world_size = size
 
-    def note_info(self, info: dict) -> None:
+    def note_info(self, info: RunInfo) -> None:
         """Take what run.json says about the ranks: how many, and which failed how."""
-        self.note_world_size(info.get("world_size"))
-        self._note_failures(info.get("rank_failures"))
+        self.note_world_size(info.world_size)
+        self._note_failures(info.rank_failures)
 
     def _note_failures(self, failures: object) -> None:
         if not isinstance(failures, list):
@@ -345,79 +250,3 @@ class RunState:
 EVENT_LEVELS = {"anomaly": "error", "oom": "error", "warning": "warning", "hint": "warning", "checkpoint": "ok",
                 "finding": "finding"}
 """How loud each event kind is in the events pane (a doctor's finding has a look of its own)."""
-
-# ------------------------------------------------------------------------- formatting
-
-
-def fmt_duration(seconds: float | None) -> str:
-    """``45s``, ``3m05s``, ``1h02m``, ``2d03h``; an em dash when unknown."""
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return "—"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m}m{s:02d}s"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
-
-
-_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
-
-
-def fmt_si(value: float | None, digits: int = 3) -> str:
-    """A compact number: ``950``, ``12.3k``, ``1.23M``, ``0.0123``, ``3e-4``; N/A for None.
-
-    Large magnitudes get SI prefixes; small ones (below 0.01) a short exponent, which is
-    how learning rates are usually written.
-    """
-    if value is None:
-        return "N/A"
-    if not math.isfinite(value):
-        return str(value)
-    mag = abs(value)
-    for scale, prefix in _SI:
-        if mag >= scale * 0.9995:
-            return f"{value / scale:.{digits}g}{prefix}"
-    if mag >= 1:
-        # Never fall into exponent form for the integer digits: 100, not 1e+02.
-        return f"{value:.{max(digits, int(math.log10(mag)) + 1)}g}"
-    if mag == 0 or mag >= 0.01:
-        return f"{value:.{digits}g}"
-    mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
-    mantissa = mantissa.rstrip("0").rstrip(".")
-    return f"{mantissa}e{int(exponent)}"
-
-
-def fmt_bytes(n: float | None) -> str:
-    """``512 B``, ``1.5 KiB``, ``3.2 GiB``; N/A for None."""
-    if n is None:
-        return "N/A"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
-def eta(steps_done: int | None, total: int | None, steps_per_s: float | None) -> float | None:
-    """Seconds until ``total`` steps at the current rate; None when it cannot be known."""
-    if steps_done is None or not total or not steps_per_s or steps_per_s <= 0:
-        return None
-    return max(0, total - steps_done) / steps_per_s
-
-
-def command_text(name: str, value: float | None) -> str:
-    """How a command reads in the events pane: ``clip 0.5``, ``LR ×0.5``, ``profile 5 steps``."""
-    if name == "clip":
-        return "clip off" if value is None else f"clip {fmt_si(value)}"
-    if name == "lr_scale":
-        return f"LR ×{fmt_si(value)}"
-    if name == "profile":
-        return f"profile {int(value or 0)} steps"
-    return name

@@ -27,7 +27,7 @@ def test_basic_example_records_every_step_bit_identical(tmp_path):
     info = rundir.read_info(tmp_path / "run")
     assert info.status == "finished" and info.exit_code == 0
     assert info.argv[0].endswith("basic.py") and info.torch_version
-    assert "finished with exit code 0" in result.stdout
+    assert "finished (exit code 0)" in result.stdout
 
 
 def test_script_sees_python_like_argv_path_and_cwd(tmp_path):

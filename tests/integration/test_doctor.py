@@ -180,15 +180,16 @@ def test_doctor_command_errors_are_one_line(tmp_path):
     from ptdash.tui.doctor_cli import cmd_doctor
 
     err = io.StringIO()
-    run_dir = rundir.create(tmp_path, "run", exact=True)  # a run whose engine never wrote its store
+    run_dir = rundir.create(tmp_path, "run", exact=True)  # a run.json, but no store yet
     with redirect_stderr(err):
         assert cmd_doctor([str(run_dir)]) == 1
     assert err.getvalue().count("\n") == 1 and "metrics" in err.getvalue()
-    (run_dir / "run.json").write_text('{"id": "x", "name": "x"}')  # and one whose run.json is damaged
     err = io.StringIO()
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "run.json").write_text('{"id": "x", "name": "x"}')
     with redirect_stderr(err):
-        assert cmd_doctor([str(run_dir)]) == 1
-    assert err.getvalue().count("\n") == 1 and "run.json" in err.getvalue()
+        assert cmd_doctor([str(tmp_path / "damaged")]) == 1
+    assert err.getvalue().count("\n") == 1 and "run.json is damaged" in err.getvalue()
     with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):
         assert cmd_doctor(["a", "b"]) == 2
 

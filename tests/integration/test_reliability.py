@@ -325,7 +325,8 @@ def test_a_stopped_dashboard_then_killed_costs_training_nothing(soak, term):
                env={"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TERM": "xterm-256color"})
     term.wait_for("again", "running", 60)
     wait_for(lambda: header_step(term.screen("again")) > at_kill, 30, what="the new dashboard to catch up")
-    from ptdash.tui.source import History, LiveSource
+    from ptdash.tui.source import History
+    from ptdash.tui.source.live import LiveSource
     got = []
     source = LiveSource(run.run_dir)
     source.start(got.append)

@@ -1,33 +1,50 @@
 """Import hygiene of the terminal side, checked in a fresh interpreter (harlequin style).
 
-Every tui module stays clear of torch; the headless ones (sources, state, chart maths)
-also stay clear of Textual, so they can be used by scripts and tested without an app.
+Every tui module stays clear of torch; every module but the Textual front (the app, its
+messages and the widgets) also stays clear of Textual, so the sources, state, tabs and
+commands can be used by scripts and tested without an app. The modules are found by
+walking ``ptdash.tui``, so a new one is checked without being listed here.
 """
 
+import pkgutil
 import subprocess
 import sys
 
-HEADLESS = ["ptdash.tui.source", "ptdash.tui.state", "ptdash.tui.chart", "ptdash.tui.panels", "ptdash.tui.layers",
-            "ptdash.tui.bars", "ptdash.tui.system", "ptdash.tui.profile", "ptdash.tui.ranks", "ptdash.tui.findings"]
-WIDGETS = ["ptdash.tui.app", "ptdash.tui.messages", "ptdash.tui.widgets.chart_panel", "ptdash.tui.widgets.header",
-           "ptdash.tui.widgets.overview", "ptdash.tui.widgets.log_pane", "ptdash.tui.widgets.events_pane",
-           "ptdash.tui.widgets.quit_dialog", "ptdash.tui.widgets.stop_dialog", "ptdash.tui.widgets.value_dialog",
-           "ptdash.tui.widgets.help_screen", "ptdash.tui.widgets.layers_view", "ptdash.tui.widgets.layer_table",
-           "ptdash.tui.widgets.report_view", "ptdash.tui.widgets.oom_screen",
-           "ptdash.tui.widgets.ranks_view"]
+import ptdash.tui
+
+TEXTUAL_FRONT = ("ptdash.tui.app", "ptdash.tui.messages", "ptdash.tui.widgets")
+"""The modules (and the package) allowed to import Textual."""
+
+MODULES = ["ptdash.tui", *(m.name for m in pkgutil.walk_packages(ptdash.tui.__path__, prefix="ptdash.tui."))]
+HEADLESS = [m for m in MODULES if not any(m == front or m.startswith(front + ".") for front in TEXTUAL_FRONT)]
+
+_FIRST_TO_LOAD = """
+import sys
+for name in sys.argv[2:]:
+    __import__(name)
+    if any(m == sys.argv[1] or m.startswith(sys.argv[1] + ".") for m in sys.modules):
+        print(name)
+        break
+"""
 
 
-def _modules_after(imports: list[str]) -> set[str]:
-    code = f"import sys; import {', '.join(imports)}; print(' '.join(sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
+def first_to_load(package: str, modules: list[str]) -> str | None:
+    """The first of ``modules`` whose import (in that order, in a fresh interpreter) loads ``package``."""
+    out = subprocess.run([sys.executable, "-c", _FIRST_TO_LOAD, package, *modules], capture_output=True, text=True,
+                         check=True)
+    return out.stdout.strip() or None
+
+
+def test_the_walk_finds_both_halves_of_the_terminal_side():
+    assert {"ptdash.tui.state", "ptdash.tui.cli", "ptdash.tui.tabs.doctor"} <= set(HEADLESS)
+    assert {"ptdash.tui.app", "ptdash.tui.widgets.header"} <= set(MODULES) - set(HEADLESS)
 
 
 def test_dashboard_never_imports_torch():
-    loaded = _modules_after(HEADLESS + WIDGETS)
-    assert "torch" not in loaded
+    leak = first_to_load("torch", MODULES)
+    assert leak is None, f"importing {leak} loads torch"
 
 
 def test_headless_modules_never_import_textual():
-    loaded = _modules_after(HEADLESS)
-    assert not any(m == "textual" or m.startswith("textual.") for m in loaded)
+    leak = first_to_load("textual", HEADLESS)
+    assert leak is None, f"importing {leak} loads textual (only {', '.join(TEXTUAL_FRONT)} may)"

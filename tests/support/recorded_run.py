@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ptdash.shared import rundir
+from ptdash.shared.config import RunInfo
 from ptdash.shared.protocol import Ack, Command, Event, LayerNames, Layers, Metrics, Status, Welcome
 from ptdash.shared.store import STORE_NAME, StoreWriter
 from ptdash.shared.transport import Server
@@ -96,16 +97,24 @@ def demo_row(step: int, rng: random.Random, wall: float) -> list:
     }]
 
 
+def run_start(steps: int, now: float | None) -> float:
+    """The wall time a recorded run of ``steps`` started, for it to end 3 s before ``now`` (default: now)."""
+    return (time.time() if now is None else now) - steps * 0.05 - 5
+
+
 def make_run(root: Path, steps: int = 500, status: str = "running", name: str = "demo",
-             exit_code: int | None = None, seed: int = 0, layers: int = 0, extra_events=()) -> Path:
+             exit_code: int | None = None, seed: int = 0, layers: int = 0, extra_events=(),
+             now: float | None = None) -> Path:
     """A run dir holding ``steps`` recorded steps of the demo run, in state ``status``.
 
     With ``layers``, every 4th step also stores a per-parameter record of that many
-    parameters, as the engine's flush does (names only in the first).
+    parameters, as the engine's flush does (names only in the first). Every wall time
+    is counted back from ``now``: a fixed one makes the run the same on every call
+    (snapshot tests), the default makes it recent (a live run's elapsed time and rate).
     """
     run_dir = rundir.create(Path(root), name, argv=["demo.py", "--lr", "3e-3"])
     rng = random.Random(seed)
-    start = time.time() - steps * 0.05 - 5
+    start = run_start(steps, now)
     rows = [demo_row(s, rng, start + 2 + s * 0.05) for s in range(1, steps + 1)]
     writer = StoreWriter(run_dir / STORE_NAME)
     writer.set_meta(config={"script": "demo.py"})
@@ -134,6 +143,20 @@ def make_run(root: Path, steps: int = 500, status: str = "running", name: str = 
         changes.update(exit_code=exit_code, ended=start + 2 + steps * 0.05)
     rundir.update_info(run_dir, **changes)
     return run_dir
+
+
+def run_info(**fields) -> RunInfo:
+    """A run.json for tests of what reads one: made-up identity, the rest as given."""
+    return RunInfo(id="r1", name="demo", run_dir="/runs/demo", socket="/runs/demo.sock", **fields)
+
+
+PROFILE_TOP = [
+    {"name": "aten::addmm", "calls": 30, "self_ms": 12.5, "total_ms": 14.0, "self_device_ms": 0.0,
+     "total_device_ms": 0.0, "cpu_mem_bytes": 3 * 2 ** 20, "device_mem_bytes": 0},
+    {"name": "aten::gelu_backward", "calls": 10, "self_ms": 4.25, "total_ms": 4.25, "self_device_ms": 0.0,
+     "total_device_ms": 0.0, "cpu_mem_bytes": 0, "device_mem_bytes": 0},
+]
+"""The top ops of a CPU profile report, as the engine's ``profile`` event carries them."""
 
 
 RANK_LOSS = 100.0
@@ -172,19 +195,20 @@ def rank_row(step: int, rank: int, rng: random.Random, wall: float, slow: float 
 
 
 def make_ddp_run(root: Path, steps: int = 200, world_size: int = 2, slow_rank: int = 1, slow: float = 2.0,
-                 status: str = "running", findings: bool = True, **info) -> Path:
+                 status: str = "running", findings: bool = True, exit_code: int | None = None,
+                 now: float | None = None, **info) -> Path:
     """``make_run`` with ``world_size`` ranks: rows of ranks 1.. (``slow_rank`` ``slow`` times slower).
 
     With ``findings``, the store also holds FINDINGS (the first raised by rank 0 and by
     rank 1); ``info`` goes into run.json (``rank_failures``, ``detail``).
     """
-    start = time.time() - steps * 0.05 - 5
+    start = run_start(steps, now)
     events = []
     if findings:
         for i, finding in enumerate(FINDINGS):
             events.append(finding_event(*finding, 20 + i * 30, start + 3 + i))
         events.append(finding_event(*FINDINGS[0], 20, start + 3, rank=1))
-    run_dir = make_run(root, steps=steps, status=status, extra_events=events)
+    run_dir = make_run(root, steps=steps, status=status, exit_code=exit_code, extra_events=events, now=now)
     writer = StoreWriter(run_dir / STORE_NAME)
     for rank in range(1, world_size):
         rng = random.Random(rank)

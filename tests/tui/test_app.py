@@ -12,7 +12,8 @@ import time
 import pytest
 
 from ptdash.tui.app import make_app
-from ptdash.tui.source import LiveSource, ReplaySource
+from ptdash.tui.source.live import LiveSource
+from ptdash.tui.source.replay import ReplaySource
 from ptdash.tui.widgets.value_dialog import ValueDialog
 from support.pilot import screen_text, until
 from support.recorded_run import make_run

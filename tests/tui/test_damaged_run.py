@@ -9,7 +9,8 @@ def test_the_dashboard_opens_a_damaged_run_and_says_where_it_stopped(tmp_path):
     import asyncio
 
     from ptdash.tui.app import make_app
-    from ptdash.tui.source import ReplaySource, load_history
+    from ptdash.tui.source.history import load_history
+    from ptdash.tui.source.replay import ReplaySource
     from ptdash.tui.widgets.events_pane import EventsPane
     from support.recorded_run import make_run
 

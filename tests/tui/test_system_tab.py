@@ -1,6 +1,6 @@
-"""The System and Profiler tabs, the OOM panel and anomaly pauses: pure reports, then Pilot.
+"""The System and Profiler tabs, the OOM panel and anomaly pauses, through Pilot.
 
-The Pilot test drives a live run through ``support.recorded_run.FakeEngine`` (the real
+The test drives a live run through ``support.recorded_run.FakeEngine`` (the real
 ``transport.Server``): system metrics without and then with a partial GPU, a profile
 request answered by a report, an anomaly that pauses the run, and an OOM.
 """
@@ -8,120 +8,21 @@ request answered by a report, an anomaly that pauses the run, and an OOM.
 from __future__ import annotations
 
 import asyncio
-from io import StringIO
 
-from rich.console import Console
-
-from ptdash.shared.protocol import Ack, Event, Metrics
-from ptdash.tui import profile, system
+from ptdash.shared.protocol import Metrics
 from ptdash.tui.app import make_app
-from ptdash.tui.source import LiveSource
-from ptdash.tui.state import RunState
+from ptdash.tui.source.live import LiveSource
 from ptdash.tui.widgets.header import RunHeader
 from ptdash.tui.widgets.oom_screen import OomScreen
 from support.pilot import screen_text, until
-from support.recorded_run import FakeEngine, make_run
+from support.recorded_run import PROFILE_TOP, FakeEngine, make_run
 
 GIB = 2 ** 30
-
-TOP = [
-    {"name": "aten::addmm", "calls": 30, "self_ms": 12.5, "total_ms": 14.0, "self_device_ms": 0.0,
-     "total_device_ms": 0.0, "cpu_mem_bytes": 3 * 2 ** 20, "device_mem_bytes": 0},
-    {"name": "aten::gelu_backward", "calls": 10, "self_ms": 4.25, "total_ms": 4.25, "self_device_ms": 0.0,
-     "total_device_ms": 0.0, "cpu_mem_bytes": 0, "device_mem_bytes": 0},
-]
 
 OOM = {"cuda": True, "device": "cuda:0", "error": "CUDA out of memory. Tried to allocate 2.00 GiB",
        "memory_summary": "|  Allocated memory  |  79.1 GiB  |", "allocator": [],
        "remedies": ["Reduce the batch size: activation memory grows with it.",
                     "Use mixed precision: run the forward pass under torch.autocast."]}
-
-
-def text_of(renderable, width: int = 100) -> str:
-    console = Console(width=width, file=StringIO(), color_system=None, record=True)
-    console.print(renderable)
-    return console.export_text()
-
-
-def state_with(**values) -> RunState:
-    state = RunState()
-    state.add_metrics(Metrics(rows=[[10, 0.0, values]]))
-    return state
-
-
-# ---------------------------------------------------------------------------- pure
-
-
-def test_system_without_gpu_metrics_says_no_cuda_device():
-    state = state_with(**{"host/cpu_pct": 50.0, "host/proc_cpu_pct": 180.0, "host/rss_bytes": 1.5 * GIB,
-                          "host/mem_used_bytes": 8 * GIB, "host/mem_total_bytes": 32 * GIB})
-    text = text_of(system.report(state, 100))
-    assert "no CUDA device" in text and "gpu0" not in text
-    assert "50%" in text and "180% (1.8 cores)" in text and "1.5 GiB" in text and "8.0 GiB / 32.0 GiB" in text
-    assert "no step timings yet" in text
-
-
-def test_system_with_partial_gpu_metrics_shows_na():
-    state = state_with(**{"gpu0/mem_allocated_bytes": 2 * GIB, "gpu0/mem_reserved_bytes": 3 * GIB,
-                          "gpu0/alloc_retries": 2.0, "gpu0/temperature_c": None, "gpu0/ooms": 0.0})
-    text = text_of(system.report(state, 120), 120)
-    assert "gpu0" in text and "no CUDA device" not in text
-    assert "allocated 2.0 GiB" in text and "reserved 3.0 GiB" in text and "peak N/A" in text
-    assert "temp N/A" in text and "power N/A / N/A W" in text and "util" in text and "N/A" in text
-    assert "retries 2" in text and "fragmentation" in text
-    assert "CPU machine" in text and "N/A" in text  # host readings missing too
-
-
-def test_step_split_medians_and_hint():
-    state = RunState()
-    rows = [[s, 0.0, {"time/data_s": 0.06, "time/compute_s": 0.03, "time/optim_s": 0.01, "time/step_s": 0.1}]
-            for s in range(1, 60)]
-    rows[-1][2]["time/data_s"] = 5.0  # one slow batch does not move a median
-    state.add_metrics(Metrics(rows=rows))
-    split = system.step_split(state)
-    assert split["time/data_s"] == 0.06 and split["time/step_s"] == 0.1
-    state.hint = "input-bound: 60% of each step is spent waiting for data; try more DataLoader workers"
-    text = text_of(system.report(state, 100))
-    parts = {line.split()[1]: line for line in text.splitlines() if line.strip().startswith("■")}
-    assert "60.0 ms" in parts["data"] and "60%" in parts["data"]
-    assert "30.0 ms" in parts["forward+backward"] and "10.0 ms" in parts["optimizer"]
-    assert "step 100.0 ms" in text
-    assert "hint: input-bound" in text
-
-
-def test_profile_report_states():
-    state = RunState()
-    assert "press p" in text_of(profile.report(state))
-    state.profile_pending = "profiling steps 41-45…"
-    assert "profiling steps 41-45…" in text_of(profile.report(state))
-    state.add_event(Event(kind="profile", step=45, wall=1.0, message="profiled steps 41-45",
-                     data={"steps": [41, 45], "trace": "/runs/x/profiles/p.json", "device": "cpu", "top": TOP}))
-    text = text_of(profile.report(state))
-    assert state.profile_pending is None
-    assert "steps 41-45" in text and "aten::addmm" in text and "12.50" in text and "3.0 MiB" in text
-    assert "/runs/x/profiles/p.json" in text and "Perfetto" in text
-    state.add_event(Event(kind="profile", step=50, wall=2.0, message="failed",
-                     data={"steps": [46, 50], "trace": None, "device": "cpu", "top": [],
-                              "error": "another profiler is active"}))
-    assert "profile failed: another profiler is active" in text_of(profile.report(state))
-    assert state.events[-1].level == "error"
-
-
-def test_anomaly_pause_reason_lasts_while_paused():
-    from ptdash.shared.protocol import Status
-
-    state = RunState()
-    state.set_status(Status(state="running", step=10))
-    state.add_event(Event(kind="anomaly", step=11, wall=1.0, data={"action": "pause", "layer": "fc1.weight"},
-                     message="non-finite gradient before the update of step 11, first in fc1.weight"))
-    assert state.events[-1].level == "error"
-    state.set_status(Status(state="paused", step=10, paused_at=10))
-    assert state.pause_reason == "non-finite gradient in fc1.weight"
-    state.set_status(Status(state="running", step=10))
-    assert state.pause_reason is None
-
-
-# --------------------------------------------------------------------------- Pilot
 
 
 def test_system_profiler_oom_and_anomaly_tabs(tmp_path):
@@ -149,7 +50,7 @@ def test_system_profiler_oom_and_anomaly_tabs(tmp_path):
             await pilot.press("p")
             await until(pilot, lambda: "profiling steps 101-105…" in screen_text(app), what="pending profile")
             engine.event("profile", "profiled steps 101-105: top op aten::addmm", steps=[101, 105],
-                         trace=str(run_dir / "profiles" / "profile-step101-105.json"), device="cpu", top=TOP)
+                         trace=str(run_dir / "profiles" / "profile-step101-105.json"), device="cpu", top=PROFILE_TOP)
             await until(pilot, lambda: "aten::gelu_backward" in screen_text(app), what="top ops")
             text = screen_text(app)
             assert "profiling steps" not in text and "steps 101-105" in text
@@ -185,10 +86,3 @@ def test_system_profiler_oom_and_anomaly_tabs(tmp_path):
         asyncio.run(asyncio.wait_for(scenario(engine), 300))
 
 
-def test_refused_profile_is_said_plainly():
-    state = RunState()
-    state.profile_pending = "profiling the next 5 steps…"
-    state.add_ack(Ack(id="1", name="profile", ok=False, step=3, message="a profile is already being recorded"),
-                  "profile 5 steps")
-    assert state.profile_pending is None
-    assert "profile refused: a profile is already being recorded" in text_of(profile.report(state))

@@ -8,9 +8,10 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from ptdash.shared.exits import describe_exit
 from ptdash.shared.protocol import ENDED, Status
 
-from ..state import eta, fmt_duration, fmt_si
+from ..fmt import eta, fmt_duration, fmt_si
 
 STATE_STYLES = {
     "starting": "bold cyan", "running": "bold green", "pausing": "bold yellow",
@@ -20,7 +21,7 @@ STATE_STYLES = {
 
 
 def state_text(status: Status | None) -> str:
-    """How a state reads: ``running``, ``paused at step 540``, ``finished (exit code 0)``."""
+    """How a state reads: ``running``, ``paused at step 540``, ``crashed (killed by SIGKILL)``."""
     if status is None:
         return "starting"
     state = status.state
@@ -29,7 +30,7 @@ def state_text(status: Status | None) -> str:
     if state in ("pausing", "stopping"):
         return f"{state}…"
     if state in ("finished", "crashed") and status.exit_code is not None:
-        return f"{state} (exit code {status.exit_code})"
+        return f"{state} ({describe_exit(status.exit_code)})"
     return state
 
 

@@ -22,8 +22,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from ..bars import sparkline
-from ..layers import FLAG_STYLES, LayerRow
-from ..state import fmt_si
+from ..fmt import fmt_si
+from ..tabs.layers import FLAG_STYLES, LayerRow
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The Layers tab: every parameter's gradient norm, history, update ratio and flag.
 
-The rows come from ``layers.select`` over the app's LayerStats; the LayerTable draws
+The rows come from ``tabs.layers.select`` over the app's LayerStats; the LayerTable draws
 only those on screen. The view re-sorts at most every UPDATE_S when new statistics
 arrive (at once when the sort, filter or grouping changes); once the user moves the
 cursor, it stays on that parameter while the values move the rows under it.
@@ -21,8 +21,8 @@ from textual.widget import Widget
 from textual.widgets import Input, Static
 
 from ..chart import Chart, Line
-from ..layers import FLAG_STYLES, SORT_LABELS, SORTS, LayerRow, LayerStats, select
-from ..state import fmt_si
+from ..fmt import fmt_si
+from ..tabs.layers import FLAG_STYLES, SORT_LABELS, SORTS, LayerRow, LayerStats, select
 from .chart_panel import ChartPanel
 from .layer_table import Column, LayerTable
 
@@ -86,7 +86,7 @@ class LayersView(Widget):
     """
 
     sort: reactive[str] = reactive("name")
-    """The row order, one of ``layers.SORTS``."""
+    """The row order, one of ``tabs.layers.SORTS``."""
 
     grouped: reactive[bool] = reactive(False)
     """Rows are modules (parameters combined by their name prefix) instead of parameters."""

@@ -6,17 +6,17 @@ from textual.app import ComposeResult
 from textual.containers import Container, Horizontal
 from textual.widget import Widget
 
-from .. import panels
 from ..state import RunState
+from ..tabs import overview
 from .chart_panel import ChartPanel
 from .events_pane import EventsPane
 from .log_pane import LogPane
 
 CHARTS = (
-    ("loss", "loss", panels.loss),
-    ("lr", "learning rate", panels.lr),
-    ("grad", "grad norm", panels.grad),
-    ("speed", "speed", panels.speed),
+    ("loss", "loss", overview.loss),
+    ("lr", "learning rate", overview.lr),
+    ("grad", "grad norm", overview.grad),
+    ("speed", "speed", overview.speed),
 )
 """(id, title, builder) of each chart, in layout order."""
 
@@ -56,9 +56,9 @@ class Overview(Widget):
 def _fingerprint(key: str, state: RunState) -> tuple:
     names = {
         "loss": ("loss",),
-        "lr": tuple(panels.lr_names(state.series)),
+        "lr": tuple(overview.lr_names(state.series)),
         "grad": ("grad/norm_total", "grad/clip_max", "grad/clipped"),
         "speed": ("throughput/samples_per_s", "time/step_s"),
     }[key]
     extra = state.status.lr_scale if key == "lr" and state.status is not None else None
-    return names, panels.versions(state, names), extra
+    return names, overview.versions(state, names), extra

@@ -6,8 +6,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from .. import ranks
 from ..state import RunState
+from ..tabs import ranks
 from .chart_panel import ChartPanel
 
 

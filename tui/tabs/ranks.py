@@ -7,7 +7,6 @@ apart (rank 0's are the Overview's), and this module only reads them.
 
 from __future__ import annotations
 
-import signal
 import statistics
 from dataclasses import dataclass
 
@@ -15,10 +14,13 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from .chart import Chart, Line
-from .panels import PALETTE
-from .state import RunState, Series, fmt_bytes, fmt_si, rank_wants
-from .system import fmt_ms
+from ptdash.shared.exits import describe_exit
+
+from ..chart import Chart, Line
+from ..fmt import fmt_bytes, fmt_ms, fmt_si
+from ..series import Series, rank_wants
+from ..state import RunState
+from .overview import PALETTE
 
 RANK_WINDOW = 50
 """Recent steps whose medians make a rank's step time, data share and samples/s."""
@@ -58,18 +60,6 @@ def _median(series: Series | None, window: int = RANK_WINDOW) -> float | None:
     return statistics.median(values) if values else None
 
 
-def exit_text(code: object) -> str:
-    """``SIGKILL`` for -9, ``exit 1`` for 1, as the launcher reports a rank's end."""
-    if not isinstance(code, int):
-        return "exit ?"
-    if code < 0:
-        try:
-            return f"{signal.Signals(-code).name} ({code})"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit {code}"
-
-
 def rank_ids(state: RunState) -> list[int]:
     """Every rank of the run: as many as the world size, plus any that sent rows."""
     return sorted(set(range(state.world_size)) | set(state.rank_series))
@@ -96,7 +86,7 @@ def rank_rows(state: RunState, window: int = RANK_WINDOW) -> list[RankRow]:
             row.memory, row.memory_kind = own["host/rss_bytes"].latest(), "rss"
         if rank in state.rank_failures:
             row.status = "failed" if rank == first_failure else "stopped"
-            row.detail = exit_text(state.rank_failures[rank])
+            row.detail = describe_exit(state.rank_failures[rank])
         elif rank in state.stalled and (row.step is None or row.step <= state.stalled[rank]):
             row.status, row.detail = "stalled", f"at step {state.stalled[rank]}"
         elif state.ended:

@@ -13,8 +13,9 @@ from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
 
-from .bars import bar, sparkline, stacked
-from .state import RunState, fmt_bytes
+from ..bars import bar, sparkline, stacked
+from ..fmt import fmt_bytes, fmt_ms
+from ..state import RunState
 
 SPARK_WIDTH = 20
 """Samples in each sparkline (the engine samples the system about once a second)."""
@@ -48,13 +49,6 @@ def recent(state: RunState, name: str, n: int = SPARK_WIDTH) -> list[float | Non
 def gpu_indices(state: RunState) -> list[int]:
     """The GPUs the engine reports on, by CUDA index."""
     return sorted({int(m.group(1)) for name in state.series if (m := _GPU.match(name))})
-
-
-def fmt_ms(seconds: float | None) -> str:
-    """``12.3 ms``, ``1.25 s``; N/A for None."""
-    if seconds is None:
-        return "N/A"
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def _pct(value: float | None) -> str:

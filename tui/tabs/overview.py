@@ -12,8 +12,9 @@ from rich.text import Text
 
 from ptdash.shared.numbers import ema_series
 
-from .chart import Chart, Line
-from .state import RunState, fmt_si
+from ..chart import Chart, Line
+from ..fmt import fmt_si
+from ..state import RunState
 
 LOSS_ALPHA = 0.05
 """EMA weight of each new loss value in the smoothed line."""

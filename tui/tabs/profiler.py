@@ -11,7 +11,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from .state import RunState, fmt_bytes
+from ..fmt import fmt_bytes
+from ..state import RunState
 
 
 def _ms(value) -> str:

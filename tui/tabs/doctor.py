@@ -19,7 +19,7 @@ from rich.text import Text
 from ptdash.shared.protocol import Event
 
 if TYPE_CHECKING:
-    from .state import RunState
+    from ..state import RunState
 
 SEVERITY_STYLES = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 

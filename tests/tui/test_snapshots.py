@@ -1,0 +1,85 @@
+"""Snapshot tests: every tab at 120x40 and the Overview at 80x24, replayed from recorded runs.
+
+The runs are recorded at a fixed wall time with fixed seeds, and the clock the events
+pane reads runs in UTC, so a screen is the same on every machine: the header's elapsed
+time is that of a finished run (its end less its start), and nothing on screen names a
+temporary path. ``pytest --snapshot-update tests/tui/test_snapshots.py`` rewrites the SVGs
+under ``__snapshots__/`` after a deliberate change to what a screen shows; look at them
+before committing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ptdash.shared.protocol import Event
+from ptdash.tui.app import make_app
+from ptdash.tui.source.replay import ReplaySource
+from support.pilot import until
+from support.recorded_run import PROFILE_TOP, make_ddp_run, make_run, run_start
+
+RECORDED_AT = 1_700_000_000.0
+"""The wall time every snapshot run is recorded at (November 2023)."""
+
+LAYERS = 120
+"""Parameters in the single-rank run's layer records: more rows than a 40-line screen shows."""
+
+WIDE, NARROW = (120, 40), (80, 24)
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch):
+    """The events pane prints local times: make local time UTC for the test."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    """A finished single-rank run with per-layer records and a profile report."""
+    profile = Event(kind="profile", step=455, wall=run_start(500, RECORDED_AT) + 2 + 455 * 0.05,
+                    message="profiled steps 451-455: top op aten::addmm",
+                    data={"steps": [451, 455], "device": "cpu", "top": PROFILE_TOP,
+                          "trace": "/runs/demo/profiles/profile-step451-455.json"})
+    return make_run(tmp_path_factory.mktemp("single"), steps=500, status="finished", exit_code=0, layers=LAYERS,
+                    extra_events=[profile], now=RECORDED_AT)
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """A finished run of two ranks, rank 1 twice as slow, with the doctor's findings."""
+    return make_ddp_run(tmp_path_factory.mktemp("ddp"), steps=200, status="finished", exit_code=0, now=RECORDED_AT)
+
+
+def replay(run_dir):
+    """The dashboard on ``run_dir``, and what to run before the snapshot: wait until it is all drawn."""
+    app = make_app(ReplaySource(run_dir))
+
+    async def loaded(pilot) -> None:
+        await until(pilot, lambda: app.state.connection_note == "replay (read-only)" and app.drawn,
+                    what="the replay drawn")
+
+    return app, loaded
+
+
+@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+def test_overview(snap_compare, single_run, size):
+    app, loaded = replay(single_run)
+    assert snap_compare(app, terminal_size=size, run_before=loaded)
+
+
+@pytest.mark.parametrize("key", ["2", "3", "4"], ids=["layers", "system", "profiler"])
+def test_single_rank_tabs(snap_compare, single_run, key):
+    app, loaded = replay(single_run)
+    assert snap_compare(app, press=[key], terminal_size=WIDE, run_before=loaded)
+
+
+@pytest.mark.parametrize("key", ["5", "6"], ids=["ranks", "doctor"])
+def test_ddp_tabs(snap_compare, ddp_run, key):
+    app, loaded = replay(ddp_run)
+    assert snap_compare(app, press=[key], terminal_size=WIDE, run_before=loaded)

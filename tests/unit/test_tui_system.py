@@ -1,0 +1,53 @@
+"""The System tab's report: host and GPU readings (any of them N/A), the step-time split, the hint."""
+
+from __future__ import annotations
+
+from ptdash.shared.protocol import Metrics
+from ptdash.tui.state import RunState
+from ptdash.tui.tabs import system
+from support.render import text_of
+
+GIB = 2 ** 30
+
+
+def state_with(**values) -> RunState:
+    state = RunState()
+    state.add_metrics(Metrics(rows=[[10, 0.0, values]]))
+    return state
+
+
+def test_system_without_gpu_metrics_says_no_cuda_device():
+    state = state_with(**{"host/cpu_pct": 50.0, "host/proc_cpu_pct": 180.0, "host/rss_bytes": 1.5 * GIB,
+                          "host/mem_used_bytes": 8 * GIB, "host/mem_total_bytes": 32 * GIB})
+    text = text_of(system.report(state, 100))
+    assert "no CUDA device" in text and "gpu0" not in text
+    assert "50%" in text and "180% (1.8 cores)" in text and "1.5 GiB" in text and "8.0 GiB / 32.0 GiB" in text
+    assert "no step timings yet" in text
+
+
+def test_system_with_partial_gpu_metrics_shows_na():
+    state = state_with(**{"gpu0/mem_allocated_bytes": 2 * GIB, "gpu0/mem_reserved_bytes": 3 * GIB,
+                          "gpu0/alloc_retries": 2.0, "gpu0/temperature_c": None, "gpu0/ooms": 0.0})
+    text = text_of(system.report(state, 120), 120)
+    assert "gpu0" in text and "no CUDA device" not in text
+    assert "allocated 2.0 GiB" in text and "reserved 3.0 GiB" in text and "peak N/A" in text
+    assert "temp N/A" in text and "power N/A / N/A W" in text and "util" in text and "N/A" in text
+    assert "retries 2" in text and "fragmentation" in text
+    assert "CPU machine" in text and "N/A" in text  # host readings missing too
+
+
+def test_step_split_medians_and_hint():
+    state = RunState()
+    rows = [[s, 0.0, {"time/data_s": 0.06, "time/compute_s": 0.03, "time/optim_s": 0.01, "time/step_s": 0.1}]
+            for s in range(1, 60)]
+    rows[-1][2]["time/data_s"] = 5.0  # one slow batch does not move a median
+    state.add_metrics(Metrics(rows=rows))
+    split = system.step_split(state)
+    assert split["time/data_s"] == 0.06 and split["time/step_s"] == 0.1
+    state.hint = "input-bound: 60% of each step is spent waiting for data; try more DataLoader workers"
+    text = text_of(system.report(state, 100))
+    parts = {line.split()[1]: line for line in text.splitlines() if line.strip().startswith("■")}
+    assert "60.0 ms" in parts["data"] and "60%" in parts["data"]
+    assert "30.0 ms" in parts["forward+backward"] and "10.0 ms" in parts["optimizer"]
+    assert "step 100.0 ms" in text
+    assert "hint: input-bound" in text

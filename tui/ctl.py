@@ -1,0 +1,78 @@
+"""``ptdash ctl [RUN] COMMAND [VALUE]``: steer a run from another terminal, and ``send_command``.
+
+A command goes over the run's control socket like the dashboard's keys do; the engine
+applies it at the next step boundary and answers with an Ack naming the step, which is
+printed. Exit status: 0 when applied, 1 when refused or unanswered, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+from ptdash.shared import rundir
+from ptdash.shared.client import Client
+from ptdash.shared.protocol import ENDED, Ack, Command, Status, TransportError, parse_positive
+
+from . import runs
+from .errors import CliError
+
+CTL_COMMANDS = {"pause": "pause", "resume": "resume", "checkpoint": "checkpoint", "clip": "clip",
+                "lr-scale": "lr_scale", "stop": "stop", "kill": "kill", "profile": "profile"}
+
+
+def cmd_ctl(argv: list[str]) -> int:
+    """Send one command to a live run and print its Ack; see the module docstring for the exit status."""
+    usage = "usage: ptdash ctl [RUN] pause|resume|checkpoint|clip X|lr-scale X|profile N|stop|kill"
+    words = list(argv)
+    spec = None
+    if words and words[0] not in CTL_COMMANDS:
+        spec = words.pop(0)
+    if not words or words[0] not in CTL_COMMANDS:
+        raise CliError(usage)
+    name = CTL_COMMANDS[words.pop(0)]
+    value = None
+    if name in ("clip", "lr_scale", "profile"):
+        if len(words) != 1:
+            raise CliError(f"{name.replace('_', '-')} takes one value ({usage})")
+        try:
+            value = parse_positive(words[0], {"clip": "clip norm", "lr_scale": "LR factor",
+                                              "profile": "step count"}[name], allow_off=name == "clip")
+        except ValueError as exc:
+            raise CliError(str(exc), 1) from None
+    elif words:
+        raise CliError(f"unexpected {' '.join(words)!r} ({usage})")
+    run = runs.resolve(spec, live_only=True)
+    cmd = Command(id=uuid.uuid4().hex[:8], name=name, value=value)
+    try:
+        ack = send_command(run.path, cmd, wait=name != "kill")
+    except TransportError as exc:
+        raise CliError(str(exc), 1) from None
+    if name == "kill":
+        print(f"killed {run.path.name}")
+        return 0
+    if ack is None:
+        raise CliError("no answer from the engine in time (is the step very long?)", 1)
+    where = f"at step {ack.step}: " if ack.step is not None else ""
+    print(f"{name}: {where}{ack.message}" if ack.ok else f"{name} refused: {ack.message}")
+    return 0 if ack.ok else 1
+
+
+def send_command(run_dir: Path, cmd: Command, wait: bool = True, timeout: float = 120.0) -> Ack | None:
+    """Send one command; with ``wait``, return the engine's Ack for it (None on timeout)."""
+    info = rundir.read_info(run_dir)
+    client = Client(info.socket, rundir.read_token(run_dir), name="ctl")
+    client.connect()
+    try:
+        client.send(cmd)
+        deadline = time.monotonic() + timeout
+        while wait and time.monotonic() < deadline:
+            msg = client.recv(timeout=max(0.0, deadline - time.monotonic()))
+            if isinstance(msg, Ack) and msg.id == cmd.id:
+                return msg
+            if isinstance(msg, Status) and msg.state in ENDED:
+                raise TransportError(f"the run ended ({msg.state}) before answering")
+        return None
+    finally:
+        client.close()

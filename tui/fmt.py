@@ -1,0 +1,89 @@
+"""How numbers read on the dashboard: durations, SI and byte sizes, ETAs, command names.
+
+Pure functions of plain values (no Textual, no state), shared by every tab and widget.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``45s``, ``3m05s``, ``1h02m``, ``2d03h``; an em dash when unknown."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "—"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def fmt_si(value: float | None, digits: int = 3) -> str:
+    """A compact number: ``950``, ``12.3k``, ``1.23M``, ``0.0123``, ``3e-4``; N/A for None.
+
+    Large magnitudes get SI prefixes; small ones (below 0.01) a short exponent, which is
+    how learning rates are usually written.
+    """
+    if value is None:
+        return "N/A"
+    if not math.isfinite(value):
+        return str(value)
+    mag = abs(value)
+    for scale, prefix in _SI:
+        if mag >= scale * 0.9995:
+            return f"{value / scale:.{digits}g}{prefix}"
+    if mag >= 1:
+        # Never fall into exponent form for the integer digits: 100, not 1e+02.
+        return f"{value:.{max(digits, int(math.log10(mag)) + 1)}g}"
+    if mag == 0 or mag >= 0.01:
+        return f"{value:.{digits}g}"
+    mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``512 B``, ``1.5 KiB``, ``3.2 GiB``; N/A for None."""
+    if n is None:
+        return "N/A"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def fmt_ms(seconds: float | None) -> str:
+    """``12.3 ms``, ``1.25 s``; N/A for None."""
+    if seconds is None:
+        return "N/A"
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def eta(steps_done: int | None, total: int | None, steps_per_s: float | None) -> float | None:
+    """Seconds until ``total`` steps at the current rate; None when it cannot be known."""
+    if steps_done is None or not total or not steps_per_s or steps_per_s <= 0:
+        return None
+    return max(0, total - steps_done) / steps_per_s
+
+
+def command_text(name: str, value: float | None) -> str:
+    """How a command reads in the events pane: ``clip 0.5``, ``LR ×0.5``, ``profile 5 steps``."""
+    if name == "clip":
+        return "clip off" if value is None else f"clip {fmt_si(value)}"
+    if name == "lr_scale":
+        return f"LR ×{fmt_si(value)}"
+    if name == "profile":
+        return f"profile {int(value or 0)} steps"
+    return name
