@@ -76,6 +76,21 @@ class Anomalies:
         Pauses there (until resumed or stopped), drops the update, or only warns. Blocks
         the training thread while paused.
         """
+        if self._report(step, per_tensor, params):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    p.grad = None  # the optimizer skips parameters without gradients
+
+    def before_manual_update(self, step: int, per_tensor, params: list) -> None:
+        """The same after a backward of optimizer-less training, before the script's own
+        update: dropping it means zeroing the gradients that update would add."""
+        if self._report(step, per_tensor, params):
+            for p in params:
+                if p.grad is not None:
+                    p.grad.zero_()
+
+    def _report(self, step: int, per_tensor, params: list) -> bool:
+        """Journal the anomaly, pause if asked; whether the update must be dropped."""
         import torch
 
         name = "the loss"
@@ -89,14 +104,11 @@ class Anomalies:
                     + {"pause": "; paused before the update", "skip": "; update skipped", "warn": ""}[action],
                     step=step, layer=name, action=action)
         if action == "warn":
-            return
+            return False
         if action == "pause":
             self._pause_here(step - 1, name)
-        for group in opt.param_groups:
-            for p in group["params"]:
-                p.grad = None  # the optimizer skips parameters without gradients
-        if action == "pause":
             self._event("anomaly", f"skipped the non-finite update of step {step}", step=step)
+        return True
 
     # ----------------------------------------------------------- flusher thread
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .discovery import Discovery, model_names, unwrap
+from .invisible import own
 
 FORMAT_VERSION = 1
 
@@ -227,3 +228,28 @@ class Checkpointer:
         warnings = apply(ckpt, d.ensure_models(), d.live(d.optimizers), d.top_schedulers(), d.live(d.scalers))
         self._journal.event("run", f"resumed from {self._config.resume} at step {self.start_step}"
                             + (f" ({'; '.join(warnings)})" if warnings else ""))
+
+
+class FirstForward:
+    """Calls ``apply()`` once: at the first module forward, or when called first.
+
+    The first forward is the latest moment at which loading weights still changes the
+    first step's gradients; a global forward hook costs microseconds per module call, so
+    it removes itself as soon as it has fired.
+    """
+
+    def __init__(self, apply) -> None:
+        self._apply = apply
+        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self)
+
+    @own
+    def __call__(self, *_) -> None:
+        apply, self._apply = self._apply, None
+        self.remove()
+        if apply is not None:
+            apply()
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None

@@ -79,12 +79,13 @@ class Engine:
                                  config.profile_steps)
         self.controls = Controls(self.settings, self.journal, self.checkpointer.save, self.profiler.start, self.kill,
                                  lambda: self.hooks.last_step_s, self.dist if self.dist.multi else None)
-        self.doctor = Doctor(self.journal.event, config, lambda: self.discovery.models, lambda: self.hooks.step)
+        self.doctor = Doctor(self.journal.event, config, lambda: self.discovery.models, lambda: self.hooks.step,
+                             lambda: self.hooks.loaders.describe())
         self.anomalies = Anomalies(self.journal.event, config.on_anomaly, self.controls.pause_here,
                                    self.controls.submit, lambda: self.controls.paused or self.controls.requested_pause,
                                    lambda params: param_names(self.discovery.models, params))
         self.hooks = Hooks(self.settings, self.controls, self.recorder, self.doctor, self.discovery, self.anomalies,
-                           self.user_values, self._first_step, self._discovered, self._step_end)
+                           self.user_values, self._first_step, self._discovered, self._step_end, self._no_step)
         self.naming = LayerNaming(self.discovery)
         if self.primary:
             self.store = StoreWriter(self.run_dir / STORE_NAME)
@@ -220,6 +221,11 @@ class Engine:
         self.journal.event("run", f"found model {', '.join(names) or 'none'}, {len(d.live(d.optimizers))} "
                                   f"optimizer(s), {len(d.top_schedulers())} scheduler(s)", models=names)
         self.journal.set_state("running" if self.journal.state == "starting" else None)
+
+    def _no_step(self, backwards: int) -> None:
+        """Backwards run, and neither an optimizer step nor an update cycle can be seen."""
+        self.doctor.report("no-step", f"{backwards} backward() calls and no step: no torch.optim optimizer stepped, "
+                           "and the gradients were never cleared between backward() calls")
 
     def _step_end(self, step: int) -> None:
         if self.journal.state == "starting":

@@ -1,29 +1,32 @@
-"""Every hook and patch ptdash puts into torch, and what they record per step.
+"""The step boundary: every hook ptdash puts on an optimizer step, and what a step records.
 
 All of it is public PyTorch API or a plain attribute swap, installed by ``attach()`` and
 undone by ``detach()``:
 
-- global optimizer step pre/post hooks (here): the step boundary (commands, pause,
-  clipping, LR factor, gradient norms, step counting and timing);
+- global optimizer step pre/post hooks (here), for every optimizer: commands, pause,
+  clipping, the LR factor, gradient norms, step counting and timing;
 - ``torch.autograd.backward``, ``GradScaler.scale``, ``Optimizer.zero_grad``,
   ``clip_grad_norm_`` / ``clip_grads_with_norm_`` (wrappers.py): the loss, the unscaled
   loss, and the live clip value over the script's own;
-- ``Optimizer.__init__``, ``LRScheduler.__new__``, ``GradScaler.__init__``
-  (discovery.py): what checkpoints need;
-- a forward pre-hook on the model once it is known, on the steps the doctor watches and
-  whenever a checkpoint is due: time spent waiting for data, the batch size, and the save
-  point at the start of a step.
+- the script's DataLoaders (loaders.py), optimizers, schedulers and scalers (discovery.py);
+- a forward pre-hook on the model, on the steps the doctor watches and whenever a
+  checkpoint is due: when the step's compute starts, and the save point at its start.
 
-The hot path is what runs at every step of the main optimizer: a loss reference kept at
-``backward``, one fused norm pass (shared with the script's own clipping), a finite check
-on CPU, and a StepRecord appended for the flusher. Everything else is sampled.
+**The step counter** counts the steps of the main optimizer: the first one that steps
+(a GAN's discriminator, say). Every other optimizer's step is recorded at the main step
+it follows, under ``opt<k>/...`` names (k in the order they first stepped). A script with
+no optimizer gets its steps inferred (manual.py). Commands take effect at the main
+step's boundary: the first of the main optimizer's own ``clip_grad_norm_`` call and its
+step, so a clip changed "from step N" is the clip step N's update used.
 
-Nothing here waits for the device: the only ``.item()`` calls read CPU tensors.
+The hot path is what runs at every step: a loss reference kept at ``backward``, one
+fused norm pass (shared with the script's own clipping), a finite check on CPU, and a
+StepRecord appended for the flusher. Everything else is sampled. Nothing here waits for
+the device: the only ``.item()`` calls read CPU tensors.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 import time
@@ -34,16 +37,22 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from . import metrics, wrappers
+from .checkpoint import FirstForward
 from .discovery import find_models
+from .invisible import ModuleState, own, patch_warn
+from .loaders import Loaders
+from .manual import ManualSteps
 from .patching import Patches
 from .recorder import StepRecord
+from .tracked import ClipNotes, Tracked
 
-_GRAD = operator.attrgetter("grad")
 _LR = operator.itemgetter("lr")
-_IS_SET = functools.partial(operator.is_not, None)
 _perf_counter = time.perf_counter
 _isfinite = math.isfinite
 _FLOAT = {float}
+MAX_LOSSES = 64
+"""Loss references kept for one step; beyond this (a loop of backwards that never steps)
+they are added up on the device, so memory stays flat."""
 
 
 class Hooks:
@@ -54,105 +63,95 @@ class Hooks:
     ``discovery`` registries, the ``anomalies`` handler of a non-finite step, the values
     ``ptdash.log`` gave (``user_values``), and three moments of the lifecycle:
     ``first_step()`` (before the first update: join the rank channel),
-    ``discovered(opt)`` (after the first step) and ``step_end(step)``.
+    ``discovered(opt)`` (after the first step) and ``step_end(step)``; ``no_step()`` is
+    called once if backwards run and no step can be found.
     """
 
     def __init__(self, settings, controls, recorder, doctor, discovery, anomalies, user_values,
                  first_step: Callable[[], None], discovered: Callable[[Any], None],
-                 step_end: Callable[[int], None]) -> None:
+                 step_end: Callable[[int], None], no_step: Callable[[int], None] = lambda n: None) -> None:
         self.settings, self.controls, self.recorder, self.doctor = settings, controls, recorder, doctor
         self.discovery, self.anomalies, self.user_values = discovery, anomalies, user_values
-        self._first_step, self._discovered_cb, self._step_end = first_step, discovered, step_end
+        self._first_step, self._discovered_cb, self._step_end, self._no_step = first_step, discovered, step_end, no_step
+        self.loaders = Loaders()
+        self.loaders.began = self.began
+        self.manual = ManualSteps()
         self.step = 0
-        """Completed steps of the main optimizer (the first one that stepped)."""
-        self.main: weakref.ref | None = None
-        discovery.on_models.append(self._on_models)
+        """Completed steps of the main optimizer (or inferred steps, with no optimizer)."""
+        self.main: Tracked | None = None
+        self._tracked: dict[int, Tracked] = {}
+        """id(optimizer) -> its bookkeeping, for every optimizer that stepped."""
         self._handles: list[Any] = []
         self._patches = Patches()
+        self._module_state = ModuleState()
         self._model_hook = None
+        self._forward_fn = own(self._on_forward)
+        self._module_state.hooks.append(self._forward_fn)
         self._forward_on = True
         """Whether the model's forward pre-hook is wanted (it is installed once a model is known)."""
         # Per-step state, reset after each step of the main optimizer.
         self._losses: list[torch.Tensor] = []
         self._unscaled: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
         """GradScaler-scaled losses waiting for their backward, and the loss before scaling."""
-        self._norms: tuple[torch.Tensor | None, torch.Tensor] | None = None
-        self._clip_max: float | None = None
-        self._saved_lrs: list[tuple[dict, Any]] = []
+        self.clip_notes = ClipNotes()
         self._in_step = False
-        self._closure_loss_index: int | None = None
-        self._t_post = time.perf_counter()
+        self._at_boundary = False
+        """Whether this step's commands have been applied (at the main's clip or step)."""
+        self._t_post: float | None = None
+        """When the step began: the previous step's end, or the first activity of step 1."""
         self._t_forward: float | None = None
         self._t_pre: float | None = None
+        self._inner = 0.0
+        """Time inside the step's closure (its forward and backward)."""
         self._samples = 0
         self.layer_params: list[torch.Tensor] = []
-        self._params_of: tuple = (None, 0)
-        """The optimizer (and its number of param groups) that ``_params`` flattens."""
-        self._params: list[torch.Tensor] = []
-        self._fused: bool | None = None
-        """Whether the main optimizer's gradients take the fused norm path (one device, one
-        dtype, foreach support); decided once per parameter list."""
         self._before: list[torch.Tensor] | None = None
         self._before_params: list[torch.Tensor] | None = None
         self.update_ratio_every = 100
-        self._resume = None
-        self._resume_fire = None
-        self._resume_handle = None
+        self._resume: FirstForward | None = None
         self._dist_checked = False
         self._discovered = False
         self.last_step_s = 0.0
         """Recent step duration (a moving average), for spacing the rank exchanges."""
         self.grad_device = "cpu"
         """Where the gradients live: off the CPU, non-finite checks wait for the flush."""
+        discovery.on_models.append(self._on_models)
 
     # ------------------------------------------------------------ attach / detach
 
     def attach(self) -> None:
         """Install every hook and patch."""
-        self._handles += [
-            register_optimizer_step_pre_hook(self._pre_step),
-            register_optimizer_step_post_hook(self._post_step),
-        ]
-        self._patch(torch.autograd, "backward", wrappers.wrap_backward(self, torch.autograd.backward))
+        self._handles += [register_optimizer_step_pre_hook(self._pre_step),
+                          register_optimizer_step_post_hook(self._post_step)]
+        patch = self._patches.set
+        patch_warn(self._patches)
+        self._module_state.attach(self._patches)
+        patch(torch.autograd, "backward", wrappers.wrap_backward(self, torch.autograd.backward))
         clip_module = torch.nn.utils.clip_grad
         clip = wrappers.wrap_clip(self, clip_module.clip_grad_norm_)
-        self._patch(clip_module, "clip_grad_norm_", clip)
-        self._patch(torch.nn.utils, "clip_grad_norm_", clip)
+        patch(clip_module, "clip_grad_norm_", clip)
+        patch(torch.nn.utils, "clip_grad_norm_", clip)
         if hasattr(torch.nn.utils, "clip_grads_with_norm_"):
             with_norm = wrappers.wrap_clip_with_norm(self, torch.nn.utils.clip_grads_with_norm_)
-            self._patch(torch.nn.utils, "clip_grads_with_norm_", with_norm)
+            patch(torch.nn.utils, "clip_grads_with_norm_", with_norm)
             if hasattr(clip_module, "clip_grads_with_norm_"):
-                self._patch(clip_module, "clip_grads_with_norm_", with_norm)
+                patch(clip_module, "clip_grads_with_norm_", with_norm)
         self.discovery.attach(self._patches)
-        self._patch(torch.amp.GradScaler, "scale", wrappers.wrap_scale(self, torch.amp.GradScaler.scale))
-        self._patch(torch.optim.Optimizer, "zero_grad", wrappers.wrap_zero_grad(self, torch.optim.Optimizer.zero_grad))
+        self.loaders.attach(self._patches)
+        patch(torch.amp.GradScaler, "scale", wrappers.wrap_scale(self, torch.amp.GradScaler.scale))
+        patch(torch.optim.Optimizer, "zero_grad", wrappers.wrap_zero_grad(self, torch.optim.Optimizer.zero_grad))
+        self.loaders.timing = self.doctor.watching
         if self._forward_on:  # attached again after a detach
             self._set_forward_hook(True)
 
     def arm_resume(self, apply) -> None:
-        """Call ``apply()`` once, at the first module forward or optimizer step.
-
-        The first forward is the latest moment at which loading weights still changes the
-        first step's gradients; a global hook costs microseconds per module call, so it
-        removes itself as soon as it has fired.
-        """
-        def fire(*_):
-            if self._resume is not None:
-                self._resume, pending = None, self._resume
-                pending()
-            if self._resume_handle is not None:
-                self._resume_handle.remove()
-                self._resume_handle = None
-
-        self._resume = apply
-        self._resume_fire = fire
-        self._resume_handle = torch.nn.modules.module.register_module_forward_pre_hook(fire)
+        """Load a checkpoint at the first module forward or optimizer step (checkpoint.py)."""
+        self._resume = FirstForward(apply)
 
     def detach(self) -> None:
         """Undo everything ``attach`` did, newest first."""
-        if self._resume_handle is not None:
-            self._resume_handle.remove()
-            self._resume_handle = None
+        if self._resume is not None:
+            self._resume.remove()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -160,11 +159,6 @@ class Hooks:
             self._model_hook.remove()
             self._model_hook = None
         self._patches.undo()
-
-    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
-        self._patches.set(owner, name, replacement)
-
-    # ----------------------------------------------------------------- discovery
 
     def _on_models(self, models: list[torch.nn.Module]) -> None:
         """The models changed: the forward timing hook goes on the new first one."""
@@ -177,165 +171,135 @@ class Hooks:
         self._forward_on = on
         models = self.discovery.models
         if on and self._model_hook is None and models:
-            self._model_hook = models[0].register_forward_pre_hook(self._on_forward)
+            self._model_hook = models[0].register_forward_pre_hook(self._forward_fn)
         elif not on and self._model_hook is not None:
             self._model_hook.remove()
             self._model_hook = None
 
-    def _discover(self, opt: torch.optim.Optimizer) -> None:
-        if not self.discovery.models:
-            self.discovery.set_models(find_models([opt]))
-        self.layer_params = [p for g in opt.param_groups for p in g["params"]]
-        self._discovered_cb(opt)
+    # ---------------------------------------------------------------- boundaries
 
-    def _note_clip(self, total, per_tensor, params, max_norm: float) -> None:
-        self._clip_max = max_norm
-        if per_tensor is not None:
-            self._norms = (per_tensor, total)
-            self.layer_params = params
-        else:
-            self._norms = (None, total)
+    def began(self) -> None:
+        """Something of step 1 happened (a batch, a forward, a backward): it starts now."""
+        if self._t_post is None:
+            self._t_post = _perf_counter()
+
+    def boundary(self) -> None:
+        """The main step's boundary: apply queued commands, once per step, before its update."""
+        if self._at_boundary:
+            return
+        self._at_boundary = True
+        if not self._dist_checked:
+            self._dist_checked = True
+            self._first_step()
+        controls = self.controls
+        if controls.has_work(self.step):
+            # Serve what the forward hook would have served (no model known, or not installed).
+            controls.at_save_point(self.step)
+            controls.at_step_start(self.step)
+
+    def keep_loss(self, loss: torch.Tensor) -> None:
+        losses = self._losses
+        losses.append(loss)
+        if len(losses) > MAX_LOSSES:
+            self._losses = [metrics.fold(losses)]
+
+    def _tracked_for(self, opt) -> Tracked:
+        tracked = self._tracked.get(id(opt))
+        if tracked is None or tracked.ref() is not opt:
+            main = self.main.ref() if self.main is not None else None
+            if main is None:
+                # The first optimizer that steps is the main one (or the next, once it is gone).
+                tracked = Tracked(opt, 0)
+                self.main = tracked
+                self.manual.active = False
+                self.discovery.add(self.discovery.optimizers, opt)
+            else:
+                tracked = Tracked(opt, 1 + sum(t.index > 0 for t in self._tracked.values()))
+            self._tracked[id(opt)] = tracked
+        return tracked
 
     # ---------------------------------------------------------------- step hooks
 
-    def _is_main(self, opt) -> bool:
-        main = self.main() if self.main is not None else None
-        if main is None:
-            # The first optimizer that steps is the main one (or the next, once it is gone).
-            self.main = weakref.ref(opt)
-            self._params_of = (None, 0)
-            self.discovery.add(self.discovery.optimizers, opt)
-            return True
-        return main is opt
-
     def _pre_step(self, opt, args, kwargs):
         if self._resume is not None:
-            self._resume_fire()
-        main = self._is_main(opt)
+            self._resume, resume = None, self._resume
+            resume()
+        tracked = self._tracked_for(opt)
+        main = tracked.index == 0
         closure = args[1] if len(args) > 1 else kwargs.get("closure") if kwargs else None
         if main:
+            self.began()
+            self.boundary()
+            if closure is not None and self.controls.has_work(self.step):
+                self.controls.at_save_point(self.step)
             self._t_pre = _perf_counter()
-            if not self._dist_checked:
-                self._dist_checked = True
-                self._first_step()
-            controls = self.controls
-            if controls.has_work(self.step):
-                if closure is None:
-                    # Serve what the forward hook would have served (model not known yet).
-                    controls.at_save_point(self.step)
-                controls.at_step_start(self.step)
-                if closure is not None:
-                    controls.at_save_point(self.step)
             self._in_step = True
-            self._closure_loss_index = len(self._losses) if closure is not None else None
+        tracked.closure_losses = len(self._losses) if closure is not None else None
         result = None
         if closure is not None:
-            wrapped = self._wrap_closure(opt, closure, main)
+            wrapped = wrappers.wrap_closure(self, tracked, closure)
             if len(args) > 1:
                 result = ((args[0], wrapped, *args[2:]), kwargs)
             else:
                 result = (args, {**kwargs, "closure": wrapped})
         else:
-            self._grads_ready(opt, main, True)
+            self.grads_ready(tracked, True)
         if self.settings.lr_scale != 1.0:
-            self._scale_lr(opt)
+            tracked.scale_lr(self.settings.lr_scale)
         return result
 
-    def _wrap_closure(self, opt, closure, main: bool):
-        calls = 0
-
-        def ptdash_closure():
-            nonlocal calls
-            loss = closure()
-            calls += 1
-            # LBFGS evaluates the closure several times per step: clip after every
-            # evaluation, measure the norm of the first.
-            self._grads_ready(opt, main, measure=calls == 1)
-            return loss
-
-        return ptdash_closure
-
-    def _measure(self, opt) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-        """The parameters with a gradient, their per-parameter norms and the total norm."""
-        if self._params_of != (id(opt), len(opt.param_groups)):
-            # Rebuilt for a new main optimizer, and when ``add_param_group`` added a group.
-            self._params_of = (id(opt), len(opt.param_groups))
-            self._params = [p for g in opt.param_groups for p in g["params"]]
-            self._fused = None
-        params = self._params
-        # map and filter in C: no Python frame per parameter.
-        grads = list(filter(_IS_SET, map(_GRAD, params)))
-        if len(grads) != len(params):
-            return ([p for p in params if p.grad is not None], *metrics.grad_norms(grads))
-        if self._fused is None and grads:
-            self._fused = metrics.fused_ok(grads)
-        if self._fused:  # grad_norms's own fast path, without its per-step checks
-            return (params, *metrics.fused_norms(grads))
-        return (params, *metrics.grad_norms(grads))
-
-    def _grads_ready(self, opt, main: bool, measure: bool) -> None:
+    def grads_ready(self, tracked: Tracked, measure: bool) -> None:
+        """The step's gradients are final (before its update): norms, clip, checks."""
+        opt = tracked.ref()
         override = self.settings.clip
-        script_clipped = self._clip_max is not None
-        if not main or not measure:
-            if override is not None and not script_clipped:
-                params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-                _, total = metrics.grad_norms([p.grad for p in params])
+        note = self.clip_notes.take(tracked)
+        if not measure:  # a closure's later evaluations (LBFGS): clip only
+            if override is not None and note is None:
+                params, _, total = tracked.measure()
                 metrics.clip_with_norm(params, override, total)
             return
-        norms = self._norms
-        if norms is None or norms[0] is None:
-            params, per_tensor, total = self._measure(opt)
-            # A total the script passed to clip_grads_with_norm_ stays the pre-clip norm.
-            self._norms = norms = (per_tensor, total if norms is None else norms[1])
-            self.layer_params = params
-            if override is not None and not script_clipped:
+        if note is not None and note[1] is not None:
+            params, per_tensor, total, tracked.clip_max = note
+        else:
+            params, per_tensor, total = tracked.measure()
+            if note is not None:  # clip_grads_with_norm_: the script's total stays the pre-clip norm
+                total, tracked.clip_max = note[2], note[3]
+            elif override is not None:
                 metrics.clip_with_norm(params, override, total)
-                self._clip_max = override
-        per_tensor, total = norms
-        doctor = self.doctor
-        if doctor.watching:
-            doctor.on_pre_step(opt, self.step + 1, self.layer_params)
+                tracked.clip_max = override
+        tracked.norms = (per_tensor, total, params)
+        main = tracked.index == 0
+        if main:
+            self.layer_params = params
+            if self.doctor.watching:
+                self.doctor.on_pre_step(opt, self.step + 1, params)
         if total.is_cpu:
             # On CPU reading two scalars waits for nothing, so a non-finite gradient is caught
-            # before the update (at ~0.1 ms a step on a 2-core box, the hot path's largest
-            # cost after the norm pass). On CUDA it would be a sync per step: the flusher
-            # reports it there instead, a flush later.
-            if self._closure_loss_index is None:
+            # before the update. On CUDA it would be a sync per step: the flusher reports it
+            # there instead, a flush later.
+            if tracked.closure_losses is None:
                 finite = _isfinite(total.item())
                 for loss in self._losses:
                     if loss.is_cpu and not _isfinite(loss.item()):
                         finite = False
                 if not finite:
-                    self.anomalies.before_update(opt, self.step + 1, per_tensor, self.layer_params)
+                    self.anomalies.before_update(opt, self.step + 1, per_tensor, params)
                     return
         elif self.grad_device != total.device.type:
             self.grad_device = total.device.type
         every = self.update_ratio_every
-        if every and (self.step + 1) % every == 0 and self.layer_params:
-            self._before_params = self.layer_params
-            self._before = torch._foreach_mul(metrics.ratio_samples(self._before_params), 1.0)
-
-    def _scale_lr(self, opt) -> None:
-        scale = self.settings.lr_scale
-        for group in opt.param_groups:
-            self._saved_lrs.append((group, group["lr"]))
-            group["lr"] = group["lr"] * scale
-
-    def _restore_lr(self) -> list:
-        effective = [group["lr"] for group, _ in self._saved_lrs]
-        for group, lr in self._saved_lrs:
-            group["lr"] = lr
-        self._saved_lrs.clear()
-        return effective
+        if main and every and (self.step + 1) % every == 0 and params:
+            self._before_params = params
+            self._before = torch._foreach_mul(metrics.ratio_samples(params), 1.0)
 
     def _post_step(self, opt, args, kwargs) -> None:
-        lrs = self._restore_lr() if self._saved_lrs else None
-        if self.main is None or self.main() is not opt:
+        tracked = self._tracked.get(id(opt))
+        if tracked is None or tracked.ref() is not opt:
             return
+        lrs = tracked.restore_lr()
         now = _perf_counter()
-        step = self.step + 1
-        losses = self._losses
-        index = self._closure_loss_index
+        losses, self._losses = self._losses, []
+        index = tracked.closure_losses
         if index is not None:  # a closure: the loss of its first evaluation
             losses = losses[index:index + 1] if len(losses) > index else losses[:index]
         if lrs is None:
@@ -343,45 +307,81 @@ class Hooks:
         if set(map(type, lrs)) != _FLOAT:
             # A tensor LR (capturable optimizers) changes in place: keep this step's value.
             lrs = [lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr) for lr in lrs]
-        per_tensor, total = self._norms if self._norms is not None else (None, None)
+        per_tensor, total, params = tracked.norms if tracked.norms is not None else (None, None, None)
+        clip_max, tracked.norms, tracked.clip_max = tracked.clip_max, None, None
+        if tracked.index:
+            self.recorder.add(StepRecord(self.step, time.time(), losses, total, None, None, clip_max, lrs, None,
+                                         0, None, None, tracked.index))
+            return
+        self._end_step(opt, losses, total, per_tensor, params, clip_max, lrs, now)
+
+    def _end_step(self, opt, losses, total, per_tensor, params, clip_max, lrs, now: float) -> None:
+        """Record the main step that just ended (``opt`` None: an inferred one) and get ready
+        for the next."""
+        step = self.step + 1
         ratios = None
         if self._before is not None:
             ratios = metrics.update_ratio(self._before, metrics.ratio_samples(self._before_params))
             self._before = self._before_params = None
+        start = self._t_post if self._t_post is not None else now
+        waits = self.loaders.take_waits() if self.loaders.timing else None
+        if not self.discovery.models and not self._discovered:
+            # Before the record: its layers are named after the models found here.
+            self.discovery.set_models(find_models([opt]) if opt is not None else self.manual.models())
         self.recorder.add(StepRecord(
-            step, time.time(), losses, total, per_tensor, self.layer_params if per_tensor is not None else None,
-            self._clip_max, lrs, (self._t_post, self._t_forward, self._t_pre, now), self._samples, ratios,
-            self.user_values.take() if self.user_values.pending else None))
-        step_s = now - self._t_post
+            step, time.time(), losses, total, per_tensor, params if per_tensor is not None else None, clip_max, lrs,
+            (start, self._t_forward, self._t_pre, now, waits, self._inner), self._samples, ratios,
+            self.user_values.take() if self.user_values.pending else None, 0))
+        step_s = now - start
         self.last_step_s = 0.9 * self.last_step_s + 0.1 * step_s if self.last_step_s else step_s
         doctor = self.doctor
-        if step >= doctor.post_from:
+        if opt is not None and step >= doctor.post_from:
             doctor.on_post_step(opt, step)
         self.step = step
-        self._losses = []
-        self._norms = None
-        self._clip_max = None
-        self._in_step = False
-        self._closure_loss_index = None
-        self._t_post = now
-        self._t_forward = None
-        self._samples = 0
+        self.manual.backwards = 0
+        self._in_step = self._at_boundary = False
+        self.clip_notes.clear()
+        self._t_post, self._t_forward, self._t_pre, self._inner, self._samples = now, None, None, 0.0, 0
         if not self._discovered:  # the first step of this process (a resumed run starts at N)
             self._discovered = True
-            self._discover(opt)
+            self._discovered_cb(opt)
         self._step_end(step)
-        # The forward hook times the data wait and serves checkpoints at the start of a
-        # step: it is installed for the steps the doctor watches and when a save is due.
+        # The forward hook times the step's compute and serves checkpoints at the start of
+        # a step: it is installed for the steps the doctor watches and when a save is due.
         pending = self.controls.pending
         want = doctor.watching or bool(pending.checkpoint) or pending.stop is not None
+        self.loaders.timing = doctor.watching
         if want is not self._forward_on:
             self._set_forward_hook(want)
+
+    # ---------------------------------------------------------- inferred steps
+
+    def optimizer_less(self) -> bool:
+        """Whether the script has made no torch.optim optimizer (one whose steps a
+        GradScaler skips still counts: its steps will come)."""
+        return not self.discovery.live(self.discovery.optimizers)
+
+    def manual_boundary(self) -> None:
+        """An inferred step ended (the script cleared its gradients since the last backward)."""
+        per_tensor, total, params, clip_max = self.manual.end_of_step(self.clip_notes.notes, self.settings)
+        self._end_step(None, self._losses, total, per_tensor, params, clip_max, [], _perf_counter())
+        self._losses = []
+        self.boundary()
+
+    def after_manual_backward(self) -> None:
+        self.manual.after_backward(self.settings, self.anomalies, self.step)
+
+    def note_backward_without_step(self) -> None:
+        if self.manual.count_backward():
+            self._no_step(self.manual.backwards)
 
     def _on_forward(self, module, args) -> None:
         if self._in_step or not torch.is_grad_enabled():
             return  # a closure's forward, or an evaluation pass
         if self._t_forward is None:
+            self.began()
             self._t_forward = _perf_counter()
+            self.loaders.mark_training()
         if args and isinstance(args[0], torch.Tensor):
             shape = args[0].shape
             if shape:

@@ -122,3 +122,11 @@ def update_ratio(before: list[torch.Tensor], after: list[torch.Tensor]) -> torch
     delta_norms = torch.stack([n.float() for n in torch._foreach_norm(deltas)])
     weight_norms = torch.stack([n.float() for n in torch._foreach_norm(before)])
     return delta_norms / weight_norms.clamp_min(1e-12)
+
+
+def fold(losses: list[torch.Tensor]) -> torch.Tensor:
+    """The losses added up left to right, as a script summing them would (on the device)."""
+    total = losses[0]
+    for loss in losses[1:]:
+        total = total + loss
+    return total

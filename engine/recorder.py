@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .metrics import fold
 from .shared.numbers import finite_or_none
 
 
@@ -46,15 +47,17 @@ class StepRecord(NamedTuple):
     """The clipping norm in force, or None."""
     lrs: list
     """Each param group's effective learning rate (a float or a 0-d tensor)."""
-    times: tuple
-    """``(previous step's end, first forward, optimizer start, this step's end)`` in
-    perf_counter seconds; the forward and optimizer ones may be None."""
+    times: tuple | None
+    """``(start, first training forward, optimizer start, end, batch waits, closure
+    time)`` in perf_counter seconds (see ``step_times``); None for another optimizer's step."""
     samples: int
     """The batch sizes the model's forward saw, or 0."""
     update_ratios: Any
     """Per-parameter |w_after - w_before| / |w_before| on sampled steps, or None."""
     user: dict | None
     """Values ``ptdash.log`` gave since the previous step, or None."""
+    opt: int = 0
+    """Which optimizer stepped: 0 the main one, k the k-th other (its series are opt<k>/...)."""
 
 
 class UserValues:
@@ -118,7 +121,7 @@ class Recorder:
         scalars: list[torch.Tensor] = []
         for r in records:
             if r.losses:
-                scalars.append(_fold(r.losses))
+                scalars.append(fold(r.losses))
             if r.total is not None:
                 scalars.append(r.total)
             scalars.extend(v for v in r.lrs if isinstance(v, torch.Tensor))
@@ -127,34 +130,34 @@ class Recorder:
         host = iter(_to_host(scalars))
         rows, keep = [], []
         for record in records:
-            step, wall, losses, total, layers, _, clip_max, lrs, times, samples, ratios, user = record
+            step, wall, losses, total, layers, _, clip_max, lrs, times, samples, ratios, user, opt = record
+            # The main optimizer's series keep their plain names; the k-th other one's are opt<k>/...
+            prefix = f"opt{opt}/" if opt else ""
             values: dict[str, float | None] = {}
             finite = True
             if losses:
-                values["loss"] = loss = finite_or_none(next(host))
-                values["loss/micro_batches"] = float(len(losses))
+                values[f"{prefix}loss"] = loss = finite_or_none(next(host))
+                values[f"{prefix}loss/micro_batches"] = float(len(losses))
                 finite = loss is not None
             if total is not None:
-                values["grad/norm_total"] = norm = finite_or_none(next(host))
+                values[f"{prefix}grad/norm_total"] = norm = finite_or_none(next(host))
                 finite = finite and norm is not None
                 if clip_max is not None:
-                    values["grad/clip_max"] = clip_max
-                    values["grad/clipped"] = None if norm is None else float(norm > clip_max)
+                    values[f"{prefix}grad/clip_max"] = clip_max
+                    values[f"{prefix}grad/clipped"] = None if norm is None else float(norm > clip_max)
+            lr_prefix = prefix or "opt/"
             for i, lr in enumerate(lrs):
-                values[f"opt/lr/group{i}"] = finite_or_none(next(host) if isinstance(lr, torch.Tensor) else float(lr))
+                values[f"{lr_prefix}lr/group{i}"] = finite_or_none(
+                    next(host) if isinstance(lr, torch.Tensor) else float(lr))
             if times is not None:
-                before, forward, optim, end = times
-                values["time/step_s"] = end - before
-                if forward is not None and optim is not None:
-                    values["time/data_s"] = max(0.0, forward - before)
-                    values["time/compute_s"] = max(0.0, optim - forward)
-                    values["time/optim_s"] = end - optim
-                if samples:
-                    values["throughput/samples_per_s"] = samples / max(end - before, 1e-9)
+                values.update(step_times(times, samples))
             if user:
                 for name, value in user.items():
                     values[name] = finite_or_none(next(host) if isinstance(value, torch.Tensor) else float(value))
-            rows.append([step, wall, values])
+            if opt and rows and rows[-1][0] == step:
+                rows[-1][2].update(values)  # another optimizer's step of the same iteration
+            else:
+                rows.append([step, wall, values])
             if layers is not None and (not finite or ratios is not None or step in wanted):
                 keep.append(record)
         if records[-1].layers is not None and (not keep or keep[-1] is not records[-1]):
@@ -162,12 +165,40 @@ class Recorder:
         return rows, _layer_rows(keep)
 
 
-def _fold(losses: list[torch.Tensor]) -> torch.Tensor:
-    """The micro-batch losses added up left to right, as a script summing them would."""
-    total = losses[0]
-    for loss in losses[1:]:
-        total = total + loss
-    return total
+def step_times(times: tuple, samples: int) -> dict[str, float]:
+    """A main step's time, and on sampled steps its split and samples/s.
+
+    ``times`` is ``(start, first training forward, optimizer start, end, batch waits,
+    time inside a closure)``. The split's parts come from the same step and add up to it:
+    ``data`` (inside the training loader's ``__next__``), ``compute`` (forward and backward:
+    from the first training forward, or inside the closure, to the optimizer), ``optim``
+    (the update) and ``other`` (the rest: evaluation, logging, checkpoints, the loop).
+    """
+    start, forward, pre, end, waits, inner = times
+    step_s = end - start
+    out = {"time/step_s": step_s}
+    if waits is None:
+        return out
+    data_before = sum(t1 - t0 for t0, t1, _ in waits if forward is None or t1 <= forward)
+    data = data_before + sum(t1 - t0 for t0, t1, _ in waits if forward is not None and t1 > forward)
+    out["time/data_s"] = data
+    if pre is not None:
+        optim = max(0.0, end - pre - inner)
+        if forward is not None:
+            compute = max(0.0, pre - forward - (data - data_before)) + inner
+        elif inner:  # a closure: its forward and backward run inside the step
+            compute = inner
+        else:  # no training forward seen (the model is found after step 1): no honest split
+            return out
+        out["time/compute_s"], out["time/optim_s"] = compute, optim
+        out["time/other_s"] = max(0.0, step_s - data - compute - optim)
+    elif forward is not None:  # an inferred step: no update boundary is seen
+        out["time/compute_s"] = compute = max(0.0, end - forward - (data - data_before))
+        out["time/other_s"] = max(0.0, step_s - data - compute)
+    counted = sum(s for _, _, s in waits) or samples
+    if counted:
+        out["throughput/samples_per_s"] = counted / max(step_s, 1e-9)
+    return out
 
 
 def _layer_rows(records: list[StepRecord]) -> list[LayerRow]:

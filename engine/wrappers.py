@@ -1,51 +1,76 @@
 """The torch functions ptdash wraps: what each keeps for the step, and the live clip.
 
-- ``torch.autograd.backward``: the loss, kept as a detached device scalar;
+- ``torch.autograd.backward``: the loss, kept as a detached device scalar; with no
+  optimizer, the inferred step boundary and the step's norms (manual.py);
 - ``GradScaler.scale``: the unscaled loss of a scaled one, found again at its backward;
 - ``Optimizer.zero_grad``: what a step GradScaler skipped left behind is dropped;
-- ``clip_grad_norm_`` / ``clip_grads_with_norm_``: the live clip value overrides the
-  script's, and the pre-clip norm (the same tensor the script computes) is kept.
+- ``clip_grad_norm_`` / ``clip_grads_with_norm_``: the main optimizer's clip is the
+  step's boundary (commands first, so a new clip value is the one this step uses); the
+  live clip value overrides the script's, and the pre-clip norm is kept;
+- an ``optimizer.step(closure)``'s closure: timed, and clipped after each evaluation.
 
-Each wrapper reads and writes the per-step state of a ``hooks.Hooks``.
+Each wrapper reads and writes the per-step state of a ``hooks.Hooks``; each is marked
+``own`` so warnings and tracebacks skip its frame.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
 
 from . import metrics
+from .invisible import own
+
+_perf_counter = time.perf_counter
 
 
 def wrap_backward(hooks, original):
     """``torch.autograd.backward`` that keeps the loss: a detached reference, no copy."""
-    doctor, Tensor = hooks.doctor, torch.Tensor
+    doctor, manual, Tensor = hooks.doctor, hooks.manual, torch.Tensor
 
+    @own
     def backward(tensors, *args, **kwargs):
         t = tensors
         if not isinstance(t, Tensor):
             t = t[0] if isinstance(t, (list, tuple)) and len(t) == 1 else None
-        if isinstance(t, Tensor) and t.numel() == 1:
+        loss = t if isinstance(t, Tensor) and t.numel() == 1 else None
+        if hooks._t_post is None:
+            hooks.began()
+        if hooks.main is None and loss is not None and loss.grad_fn is not None and hooks.optimizer_less():
+            # No optimizer exists: perhaps the script updates its parameters itself.
+            first = manual.params is None
+            if manual.starts_step(loss):
+                hooks.manual_boundary()
+            elif first and manual.params:
+                manual.order(manual.models())
+        if loss is not None:
             if hooks._unscaled:
-                ref, raw = hooks._unscaled.pop(id(t), (None, None))
-                if ref is not None and ref() is t:
-                    t = raw
-            hooks._losses.append(t.detach())
+                ref, raw = hooks._unscaled.pop(id(loss), (None, None))
+                if ref is not None and ref() is loss:
+                    loss = raw
+            hooks.keep_loss(loss.detach())
         if doctor.watching:
             doctor.on_backward()
-        return original(tensors, *args, **kwargs)
+        result = original(tensors, *args, **kwargs)
+        if hooks.main is None:
+            if manual.params and hooks.optimizer_less():
+                hooks.after_manual_backward()
+            hooks.note_backward_without_step()
+        return result
 
     backward.__wrapped__ = original
     return backward
 
+
 def wrap_scale(hooks, original):
     """``GradScaler.scale`` that remembers the loss before scaling, for the loss chart."""
 
+    @own
     def scale(scaler, outputs):
         scaled = original(scaler, outputs)
         if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor) and outputs.numel() == 1:
-            # The loss before scaling, for the loss chart, found again at its backward.
             if len(hooks._unscaled) > 64:  # scaled losses that never ran backward
                 hooks._unscaled.clear()
             hooks._unscaled[id(scaled)] = (weakref.ref(scaled), outputs.detach())
@@ -54,18 +79,20 @@ def wrap_scale(hooks, original):
     scale.__wrapped__ = original
     return scale
 
+
 def wrap_zero_grad(hooks, original):
     """``Optimizer.zero_grad``: drops what a skipped step left, and tells the doctor."""
     doctor = hooks.doctor
 
+    @own
     def zero_grad(opt, *args, **kwargs):
-        if not hooks._in_step and (hooks.main is None or hooks.main() is opt):
-            # What a step GradScaler skipped left behind (no optimizer hook fired)
-            # must not be counted in the next step.
+        main = hooks.main
+        if not hooks._in_step and (main is None or main.ref() is opt):
+            # What a step GradScaler skipped left behind (no optimizer hook fired) must not
+            # be counted in the next step.
             if hooks._losses:
                 hooks._losses = []
-            hooks._norms = None
-            hooks._clip_max = None
+            hooks.clip_notes.clear()
         if doctor.watching:
             doctor.on_zero_grad(opt)
         return original(opt, *args, **kwargs)
@@ -73,36 +100,69 @@ def wrap_zero_grad(hooks, original):
     zero_grad.__wrapped__ = original
     return zero_grad
 
+
+def _at_clip(hooks, params: list) -> None:
+    """A clip call of the main optimizer's parameters is its step's boundary."""
+    main = hooks.main
+    if main is not None and not hooks._at_boundary and main.owns(params):
+        hooks.boundary()
+
+
 def wrap_clip(hooks, original):
     """``clip_grad_norm_`` with the live clip override, measuring the norms once for both."""
 
     @torch.no_grad()
+    @own
     def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        _at_clip(hooks, params)
         override = hooks.settings.clip
         effective = float(max_norm) if override is None else override
         if error_if_nonfinite:
             # Rare; keep torch's own error path exactly.
             total = original(params, effective, norm_type, error_if_nonfinite, foreach)
-            hooks._note_clip(total, None, params, effective)
+            hooks.clip_notes.add(params, None, total, effective)
             return total
         with_grad = [p for p in params if p.grad is not None]
         per_tensor, total = metrics.grad_norms([p.grad for p in with_grad], norm_type, foreach)
         metrics.clip_with_norm(params, effective, total, foreach)
-        hooks._note_clip(total, per_tensor, with_grad, effective)
+        hooks.clip_notes.add(with_grad, per_tensor, total, effective)
         return total
 
     clip_grad_norm_.__wrapped__ = original
     return clip_grad_norm_
 
+
 def wrap_clip_with_norm(hooks, original):
     """``clip_grads_with_norm_`` (the two-step API) with the live clip override."""
 
+    @own
     def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None):
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        _at_clip(hooks, params)
         override = hooks.settings.clip
         effective = float(max_norm) if override is None else override
-        hooks._note_clip(total_norm, None, None, effective)
-        return original(parameters, effective, total_norm, foreach)
+        hooks.clip_notes.add(params, None, total_norm, effective)
+        return original(params, effective, total_norm, foreach)
 
     clip_grads_with_norm_.__wrapped__ = original
     return clip_grads_with_norm_
+
+
+def wrap_closure(hooks, tracked, closure):
+    """The closure of ``optimizer.step(closure)``, timed; clipped after every evaluation
+    (LBFGS evaluates it several times per step), its first evaluation measured."""
+    calls = 0
+
+    @own
+    def ptdash_closure():
+        nonlocal calls
+        t0 = _perf_counter()
+        loss = closure()
+        if tracked.index == 0:
+            hooks._inner += _perf_counter() - t0
+        calls += 1
+        hooks.grads_ready(tracked, measure=calls == 1)
+        return loss
+
+    return ptdash_closure

@@ -58,11 +58,11 @@ class Doctor:
     """Receives the hooks' calls and reports findings as ``finding`` events.
 
     ``event(kind, message, **data)`` journals an event; ``models()`` and ``step()`` give
-    the current models and step.
+    the current models and step; ``loader()`` describes the training DataLoader.
     """
 
     def __init__(self, event: Callable[..., None], config: RunConfig, models: Callable[[], list],
-                 step: Callable[[], int]) -> None:
+                 step: Callable[[], int], loader: Callable[[], tuple | None] = lambda: None) -> None:
         self._event, self._config, self._models = event, config, models
         self._lock = threading.Lock()
         self._reported: set[str] = set()
@@ -73,7 +73,7 @@ class Doctor:
         self._opt_name = "the optimizer"
         self.gradients = Gradients(self.report, self.names)
         self.modes = Modes(self.report, self.names, models)
-        self.data = DataWatch(self.report, step)
+        self.data = DataWatch(self.report, step, loader)
         self.input_bound = InputBound()
         self.trends = Trends(self.report)
         self.syncs = SyncSampler()

@@ -43,34 +43,23 @@ class InputBound:
 
 
 class DataWatch:
-    """DataLoaders, DistributedSamplers and DataParallel, seen through patches.
+    """DistributedSamplers and DataParallel, seen through patches; the input-bound finding.
 
-    ``report(rule, what, **data)`` raises a finding; the patches cost a few microseconds
-    per loader, epoch or wrapper, nothing per step.
+    ``report(rule, what, **data)`` raises a finding; ``loader()`` describes the training
+    DataLoader (``loaders.Loaders.describe``). The patches cost a few microseconds per
+    epoch or wrapper, nothing per step.
     """
 
-    def __init__(self, report, step) -> None:
-        self._report, self._step = report, step
-        self._sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    def __init__(self, report, step, loader=lambda: None) -> None:
+        self._report, self._step, self._loader = report, step, loader
         self._epochs: dict[int, tuple[weakref.ref, int | None]] = {}
-        self.loader: tuple[int, bool, str | None] | None = None
-        """``(num_workers, pin_memory, source)`` of the DataLoader the loop iterates now."""
 
     def patches(self) -> list[tuple]:
         """``(owner, name, when, callback)``: call ``callback(obj)`` before/after ``owner.name``."""
-        from torch.utils.data import DataLoader, DistributedSampler
+        from torch.utils.data import DistributedSampler
 
-        return [(DataLoader, "__init__", "after", self._on_loader),
-                (DataLoader, "__iter__", "before", self._on_loader_iter),
-                (DistributedSampler, "__iter__", "before", self._on_sampler_iter),
+        return [(DistributedSampler, "__iter__", "before", self._on_sampler_iter),
                 (torch.nn.DataParallel, "__init__", "after", self._on_dataparallel)]
-
-    def _on_loader(self, loader) -> None:
-        self._sources[loader] = caller()
-
-    def _on_loader_iter(self, loader) -> None:
-        # Plain values: a loader made in the `for` statement itself is gone by the flush.
-        self.loader = (int(loader.num_workers), bool(loader.pin_memory), self._sources.get(loader))
 
     def _on_sampler_iter(self, sampler) -> None:
         if not getattr(sampler, "shuffle", False):
@@ -99,7 +88,7 @@ class DataWatch:
         DataLoader's settings are the likely cause."""
         hint(f"input-bound: {share:.0%} of each step is spent waiting for data; try more DataLoader "
              "workers (num_workers) and pin_memory=True", {"data_share": share})
-        loader = self.loader
+        loader = self._loader()
         if loader is None or (loader[0] >= 2 and (loader[1] or not cuda)):
             return  # already parallel (and pinned), or no DataLoader seen: the hint says all there is
         workers, pinned, source = loader
@@ -113,7 +102,7 @@ class DataWatch:
         self._report("input-bound",
                      f"{share:.0%} of each step waits for data (median of {steps} steps) and the DataLoader"
                      + (f" made at {quoted(source)}" if source else "")
-                     + f" has num_workers={workers}, pin_memory={pinned}",
+                     + f" has num_workers={workers}, pin_memory={pinned}; the wait is the time inside its __next__",
                      why=why, fix=fix, source=source, data_share=share, num_workers=workers, pin_memory=pinned)
 
 

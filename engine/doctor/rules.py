@@ -76,6 +76,12 @@ RULES: dict[str, Rule] = {
         "whose factor is 0 (a warmup that never rises, a decay that already ended) or lr=0 in a param group",
         "check optimizer.param_groups[i]['lr'] after building the scheduler, and the scheduler's lambda or "
         "warmup length"),
+    "no-step": Rule("warning",
+        "ptdash counts a step at each optimizer step, or infers one where a script that updates its parameters "
+        "itself clears their gradients between backward() calls; with neither, pause, stop, checkpoints, the "
+        "clip override and the charts have no step to work at",
+        "if the script updates its parameters itself, clear the gradients once per step (model.zero_grad() or "
+        "p.grad = None after the update); or use a torch.optim optimizer"),
     "loss-plateau": Rule("info",
         "the model has stopped learning: the learning rate may be too low (or so high that it oscillates) or "
         "decayed to ~0, the model may be too small, or the labels may not match the inputs",

@@ -219,18 +219,18 @@ def test_ddp_unused_parameter_error_names_the_parameters():
 def test_input_bound_blames_only_loader_settings_that_explain_it():
     from ptdash.doctor.data import DataWatch
 
-    found = []
-    watch = DataWatch(lambda rule, what, **data: found.append((rule, data)), lambda: 0)
-    hints = []
+    found, hints = [], []
+    loader = [(4, True, "train.py:9")]
+    watch = DataWatch(lambda rule, what, **data: found.append((rule, what, data)), lambda: 0, lambda: loader[0])
     hint = lambda message, data: hints.append(message)  # noqa: E731
-    watch.loader = (4, True, "train.py:9")
     watch.input_bound(0.8, 30, cuda=True, hint=hint)
     assert found == [] and "80%" in hints[0]  # parallel and pinned: only the generic hint is left to say
     assert len(hints) == 1
-    watch.loader = (4, False, "train.py:9")
+    loader[0] = (4, False, "train.py:9")
     watch.input_bound(0.8, 30, cuda=True, hint=hint)
-    (rule, data), = found
+    (rule, what, data), = found
     assert rule == "input-bound" and "pin_memory=True" in data["fix"] and "num_workers=" not in data["fix"]
+    assert "train.py:9" in what and "__next__" in what  # the training loader, named, and what was timed
     assert len(hints) == 2  # the System tab's line comes with the finding
 
 

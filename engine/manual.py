@@ -1,0 +1,128 @@
+"""Steps of a script that updates its parameters itself, with no ``torch.optim`` optimizer.
+
+PyTorch's own tutorials train this way: ``model.zero_grad()``, ``loss.backward()``, then
+``p -= lr * p.grad`` under ``no_grad``. No optimizer hook fires, so the step boundary is
+inferred from the cycle the gradients go through: the leaf tensors the first loss
+reaches are the parameters, and a backward that finds them cleared since the previous
+one (set to None, replaced, or zeroed in place) starts a new step; one that finds them
+as the previous backward left them is accumulating into the same step. The norms of a
+step are taken after each of its backwards (the last one's count), because by the time
+the next step begins the script has cleared them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import metrics
+from .discovery import find_models
+
+BACKWARDS_WITHOUT_A_STEP = 500
+"""Backward calls without any step (optimizer or inferred) after which ptdash says so."""
+
+
+def leaf_tensors(loss: torch.Tensor) -> list[torch.Tensor]:
+    """The leaf tensors ``loss``'s graph accumulates gradients into, in graph order."""
+    out: list[torch.Tensor] = []
+    seen: set = set()
+    stack = [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # AccumulateGrad nodes hold their leaf
+        if isinstance(variable, torch.Tensor):
+            out.append(variable)
+            continue
+        stack.extend(next_node for next_node, _ in reversed(node.next_functions))
+    return out
+
+
+class ManualSteps:
+    """Infers the step boundary of optimizer-less training from the gradients' cycle."""
+
+    def __init__(self) -> None:
+        self.params: list[torch.Tensor] | None = None
+        """The leaf tensors the first loss reached (the parameters being trained)."""
+        self.active = False
+        """True once a step has been inferred (and no optimizer has stepped since)."""
+        self._after: tuple[int, int] | None = None
+        """The sample gradient's (object id, version) as the latest backward left it."""
+        self.backwards = 0
+        """Backward calls since the latest step of any kind."""
+        self.noticed = False
+        self.norms: tuple | None = None
+        """(per-parameter norms, total, parameters) after the step's latest backward, pre-clip."""
+        self.script_clips = False
+        """Whether the script clipped in its latest step (then the clip override is its call's)."""
+
+    def starts_step(self, loss: torch.Tensor) -> bool:
+        """Before a backward (while no optimizer steps): does it begin a new step?
+
+        True when the gradients were cleared since the previous backward: the previous
+        step ended.
+        """
+        if self.params is None:
+            self.params = leaf_tensors(loss)
+            return False
+        if not self.params or self._after is None:
+            return False
+        grad = self.params[0].grad
+        return grad is None or (id(grad), grad._version) != self._after
+
+    def sync(self) -> None:
+        """Remember how the backward (and ptdash's own clip) left the sample gradient: a
+        change made by ptdash is not a clearing."""
+        if self.params:
+            grad = self.params[0].grad
+            self._after = None if grad is None else (id(grad), grad._version)
+
+    def order(self, models: list[torch.nn.Module]) -> None:
+        """Put the parameters in their models' order (the Layers tab's), once models are known."""
+        if not self.params or not models:
+            return
+        wanted = {id(p): p for p in self.params}
+        ordered = [p for m in models for p in m.parameters() if wanted.pop(id(p), None) is not None]
+        self.params = ordered + list(wanted.values())
+
+    def models(self) -> list[torch.nn.Module]:
+        """The models owning the parameters."""
+        if not self.params:
+            return []
+        holder = torch.optim.SGD.__new__(torch.optim.SGD)  # find_models reads only param_groups
+        holder.param_groups = [{"params": self.params}]
+        return find_models([holder])
+
+    def after_backward(self, settings, anomalies, step: int) -> None:
+        """After a backward: the step's norms so far, the clip override, the finite check."""
+        params = [p for p in self.params or () if p.grad is not None]
+        if not params:
+            self.sync()
+            return
+        per_tensor, total = metrics.grad_norms([p.grad for p in params])
+        self.norms = (per_tensor, total, params)
+        if settings.clip is not None and not self.script_clips:
+            metrics.clip_with_norm(params, settings.clip, total)
+        if self.active and total.is_cpu and not math.isfinite(total.item()):
+            anomalies.before_manual_update(step + 1, per_tensor, params)
+        self.sync()
+
+    def end_of_step(self, clip_notes: list, settings) -> tuple:
+        """The step that just ended: ``(per-parameter norms, total, params, clip in force)``."""
+        self.active = True
+        note = clip_notes[-1] if clip_notes else None
+        self.script_clips = note is not None
+        clip_max = note[3] if note is not None else settings.clip
+        norms, self.norms = self.norms, None
+        return (*(norms or (None, None, None)), clip_max)
+
+    def count_backward(self) -> bool:
+        """Count a backward; True once, when many ran and no step of any kind was seen."""
+        self.backwards += 1
+        if not self.noticed and self.backwards >= BACKWARDS_WITHOUT_A_STEP and not self.active:
+            self.noticed = True
+            return True
+        return False

@@ -1,0 +1,103 @@
+"""One optimizer's bookkeeping for the hot path: its parameters, this step's norms and clip,
+and the LR factor applied around its update."""
+
+from __future__ import annotations
+
+import functools
+import operator
+import weakref
+
+import torch
+
+from . import metrics
+
+_GRAD = operator.attrgetter("grad")
+_IS_SET = functools.partial(operator.is_not, None)
+
+
+class Tracked:
+    """An optimizer that has stepped; ``index`` 0 is the main one, then in order of first step."""
+
+    def __init__(self, opt: torch.optim.Optimizer, index: int) -> None:
+        self.ref = weakref.ref(opt)
+        self.index = index
+        self._params_of = -1
+        """The number of param groups ``_params`` was flattened from."""
+        self._params: list[torch.Tensor] = []
+        self._ids: frozenset[int] = frozenset()
+        self._fused: bool | None = None
+        """Whether its gradients take the fused norm path (one device, one dtype, foreach
+        support); decided once per parameter list."""
+        self.norms: tuple | None = None
+        """(per-parameter norms, total norm, parameters) of this step, before its update."""
+        self.clip_max: float | None = None
+        """The clipping norm this step's gradients were clipped at, or None."""
+        self.closure_losses: int | None = None
+        """With a closure, where its losses start in the step's list; None without one."""
+        self._saved_lrs: list[tuple[dict, object]] = []
+
+    def params(self) -> list[torch.Tensor]:
+        opt = self.ref()
+        if len(opt.param_groups) != self._params_of:
+            # Rebuilt when ``add_param_group`` added a group.
+            self._params_of = len(opt.param_groups)
+            self._params = [p for g in opt.param_groups for p in g["params"]]
+            self._ids = frozenset(map(id, self._params))
+            self._fused = None
+        return self._params
+
+    def owns(self, params: list[torch.Tensor]) -> bool:
+        """Whether ``params`` (a clip call's) are this optimizer's."""
+        self.params()
+        return bool(params) and id(params[0]) in self._ids
+
+    def measure(self) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """The parameters with a gradient, their per-parameter norms and the total norm."""
+        params = self.params()
+        # map and filter in C: no Python frame per parameter.
+        grads = list(filter(_IS_SET, map(_GRAD, params)))
+        if len(grads) != len(params):
+            return ([p for p in params if p.grad is not None], *metrics.grad_norms(grads))
+        if self._fused is None and grads:
+            self._fused = metrics.fused_ok(grads)
+        if self._fused:  # grad_norms's own fast path, without its per-step checks
+            return (params, *metrics.fused_norms(grads))
+        return (params, *metrics.grad_norms(grads))
+
+    def scale_lr(self, scale: float) -> None:
+        for group in self.ref().param_groups:
+            self._saved_lrs.append((group, group["lr"]))
+            group["lr"] = group["lr"] * scale
+
+    def restore_lr(self) -> list | None:
+        """Put the scheduled LRs back after the update; the ones the update used, or None."""
+        if not self._saved_lrs:
+            return None
+        effective = [group["lr"] for group, _ in self._saved_lrs]
+        for group, lr in self._saved_lrs:
+            group["lr"] = lr
+        self._saved_lrs.clear()
+        return effective
+
+
+class ClipNotes:
+    """The script's clip calls of one step: ``(params, per_tensor, total, clip_max)`` each,
+    taken by the optimizer whose parameters were clipped."""
+
+    def __init__(self) -> None:
+        self.notes: list[tuple] = []
+
+    def add(self, params, per_tensor, total, clip_max: float) -> None:
+        self.notes.append((params, per_tensor, total, clip_max))
+
+    def take(self, tracked: Tracked):
+        for i, note in enumerate(self.notes):
+            if note[0] is None or tracked.owns(note[0]):
+                return self.notes.pop(i)
+        return None
+
+    def clear(self) -> None:
+        self.notes.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self.notes)
