@@ -197,14 +197,16 @@ def _git_commit(target: list[str]) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True) -> int:
-    """Run the Textual app on a run; return the exit status for the ptdash command."""
+def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True, compare: tuple[Path, ...] = (),
+              by_time: bool = False) -> int:
+    """Run the Textual app on a run (``compare``: runs drawn behind it); return the exit status."""
     from .app import make_app
+    from .compare import Comparison
     from .source.live import LiveSource
     from .source.replay import ReplaySource
 
     source = LiveSource(run_dir) if live else ReplaySource(run_dir)
-    result = make_app(source).run()
+    result = make_app(source, comparison=Comparison(compare, by_time)).run()
     if result == "detach":
         print(f"Training continues in the background. Re-attach with: ptdash attach {run_dir}")
         return 0
@@ -235,7 +237,8 @@ def cmd_open(sub: str, args: argparse.Namespace) -> int:
         from .summary import print_summaries
 
         return print_summaries([main, *others], args.json)
-    return dashboard(main.path, None, live=sub == "attach" and main.live)
+    return dashboard(main.path, None, live=sub == "attach" and main.live, compare=tuple(o.path for o in others),
+                     by_time=args.by_time)
 
 
 def _demo_help(script: str) -> int:

@@ -7,7 +7,8 @@
 - ``rows`` yields ``(step, wall, values)`` in step order, reading one window of steps at
   a time through the primary keys, so memory stays bounded however long the run is;
 - ``stats`` gives a series' first, last, lowest and highest points from the summary
-  table (a few hundred rows for a million steps), without reading the series.
+  table (a few hundred rows for a million steps), without reading the series;
+- ``clock`` gives the wall time at steps spread over the run, to place any step in time.
 
 Like the StoreReader, it never raises on a damaged store once open: it stops where the
 damage is and keeps it in ``damage``. Stdlib only.
@@ -160,6 +161,22 @@ class RowReader(StoreReader):
                                "in its steps")
             out.append((found[0][0], float(found[0][1])) if found and _number(found[0][1]) is not None else None)
         return out[0], out[1]
+
+    def clock(self, points: int, rank: int = 0) -> tuple[list[int], list[float]]:
+        """``(steps, walls)`` at about ``points`` steps spread evenly over the run, its first
+        and last included: enough to place any step in time without reading every wall."""
+        first, last = self.wall_range(rank)
+        if first is None or last is None:
+            return [], []
+        found = {first[0]: first[1], last[0]: last[1]}
+        span = last[0] - first[0]
+        for i in range(1, max(1, points - 1)):
+            rows = self._rows("SELECT step, wall FROM steps WHERE rank = ? AND step >= ? ORDER BY step LIMIT 1",
+                              (rank, first[0] + span * i // (points - 1)), "in its steps")
+            if rows and type(rows[0][0]) is int and _number(rows[0][1]) is not None:
+                found[rows[0][0]] = float(rows[0][1])
+        steps = sorted(found)
+        return steps, [found[s] for s in steps]
 
     def _name_ids(self) -> dict[str, int]:
         return {n: i for i, n in self._rows("SELECT id, name FROM names", (), "in its list of names")
