@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 
 import pytest
 
-from support.runner import REPO, ptdash
+from support.runner import ENV, REPO, ptdash
 
 STEPS = 40
 
@@ -94,8 +96,6 @@ def test_tensorboard_missing_is_a_one_line_hint(real_run, tmp_path):
     # A tensorboard package that cannot be imported, ahead of the real one on the path.
     (tmp_path / "tensorboard").mkdir()
     (tmp_path / "tensorboard" / "__init__.py").write_text("raise ImportError('not here')\n")
-    from support.runner import ENV
-
     result = ptdash("export", str(run_dir), "--format", "tensorboard", cwd=root,
                     env={**ENV, "PYTHONPATH": str(tmp_path)})
     assert result.returncode == 1
@@ -111,3 +111,14 @@ def test_bad_export_arguments_are_one_line(real_run):
         assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("ptdash: error: ")
     missing = ptdash("export", "no-such-run", "--format", "csv", cwd=root)
     assert missing.returncode == 1 and "no run matching 'no-such-run'" in missing.stderr
+
+
+def test_the_tensorboard_export_never_loads_torch(real_run):
+    """The terminal side never imports torch, and TensorBoard's writer (unlike torch.utils.tensorboard) needs none."""
+    pytest.importorskip("tensorboard")
+    root, run_dir, _ = real_run
+    code = ("import sys\nfrom ptdash.tui.cli import main\n"
+            f"code = main(['export', {str(run_dir)!r}, '--format', 'tensorboard', '-o', 'tb-no-torch'])\n"
+            "print(code, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, env=ENV, timeout=120)
+    assert out.stdout.split() == ["0", "False"], out.stdout + out.stderr
