@@ -44,7 +44,7 @@ CLOCK_POINTS = 1000
 
 @dataclass
 class Reference:
-    """A run to compare with, as read from its run dir (a delivery to the app)."""
+    """A run to compare with, as read once from its run dir (a run still training is not followed)."""
 
     path: Path
     info: RunInfo | None
@@ -121,7 +121,7 @@ class Comparison:
         for path in (*self.dirs, self.main):
             ref = load_reference(path)
             self._read[path] = ref  # one key set at a time: the app only looks keys up
-            post(ref)
+            post(ref)  # only wakes the app (it keeps no such delivery): its redraw calls ``runs``
 
     def toggle_time(self) -> None:
         """Align by time if by step, and back."""

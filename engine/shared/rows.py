@@ -43,6 +43,8 @@ class Column(NamedTuple):
 
 
 class Point(NamedTuple):
+    """One point of a series (value None where it was not finite)."""
+
     step: int
     value: float | None
 
