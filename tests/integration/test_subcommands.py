@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 
 import pytest
 
@@ -44,22 +45,34 @@ def test_unknown_flags_are_one_line_and_exit_2(sub, tmp_path):
     assert f"ptdash {sub} --help" in lines[0]
 
 
-def test_ls_json_and_filters(tmp_path):
+@pytest.fixture
+def own_registry():
+    """An environment whose live-run registry is this test's alone (other tests' runs stay out of ``ls``)."""
+    runtime = tempfile.mkdtemp(prefix="ptd-")
+    yield {**ENV, "XDG_RUNTIME_DIR": runtime}
+    shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_ls_json_and_filters(tmp_path, own_registry):
     root = tmp_path / rundir.DEFAULT_ROOT
     make_run(root, steps=30, status="finished", exit_code=0, name="alpha")
     make_run(root, steps=20, status="crashed", exit_code=1, name="beta")
-    listed = json.loads(ptdash("ls", "--json", cwd=tmp_path).stdout)
+
+    def ls(*args):
+        return ptdash("ls", *args, cwd=tmp_path, env=own_registry).stdout
+
+    listed = json.loads(ls("--json"))
     assert {r["name"]: (r["state"], r["step"]) for r in listed} == {"alpha": ("finished", 30), "beta": ("crashed", 20)}
     assert {"run_dir", "id", "started", "exit_code", "argv"} <= set(listed[0])
-    assert [r["name"] for r in json.loads(ptdash("ls", "--json", "--state", "crashed", cwd=tmp_path).stdout)] == ["beta"]
-    assert [r["name"] for r in json.loads(ptdash("ls", "--json", "--name", "alp", cwd=tmp_path).stdout)] == ["alpha"]
-    assert "no runs here" in ptdash("ls", "--state", "live", cwd=tmp_path).stdout
+    assert [r["name"] for r in json.loads(ls("--json", "--state", "crashed"))] == ["beta"]
+    assert [r["name"] for r in json.loads(ls("--json", "--name", "alp"))] == ["alpha"]
+    assert "no runs here" in ls("--state", "live")
 
 
-def test_ls_all_finds_finished_runs_anywhere_and_forgets_removed_ones(tmp_path, monkeypatch):
+def test_ls_all_finds_finished_runs_anywhere_and_forgets_removed_ones(tmp_path, monkeypatch, own_registry):
     state = tmp_path / "state"
     monkeypatch.setenv("XDG_STATE_HOME", str(state))  # this test's own list of every run
-    env = {**ENV, "XDG_STATE_HOME": str(state)}
+    env = {**own_registry, "XDG_STATE_HOME": str(state)}
     one = make_run(tmp_path / "project-a" / rundir.DEFAULT_ROOT, steps=10, status="finished", exit_code=0, name="one")
     two = make_run(tmp_path / "project-b" / rundir.DEFAULT_ROOT, steps=10, status="stopped", exit_code=0, name="two")
     elsewhere = tmp_path / "elsewhere"
