@@ -8,9 +8,19 @@ they share; it is importable because pyproject.toml puts ``tests/`` on the path.
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from support.recorded_run import FakeEngine, make_run
+
+
+def pytest_configure(config):
+    """Every run a test creates (in process or through the CLI) is recorded for ``ls --all``
+    in a temporary state dir, never in the user's own list. Set before any test module is
+    imported, so the subprocess environment they copy has it too."""
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="ptd-state-")
 
 
 @pytest.fixture

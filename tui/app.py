@@ -20,6 +20,7 @@ from textual.widgets import Footer, TabbedContent, TabPane
 
 from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Status
 
+from .compare import Comparison
 from .fmt import command_text, fmt_si
 from .messages import SourceUpdate
 from .source import Backfill, Connection, History, InfoChanged, LogLines, Source, new_command_id
@@ -62,6 +63,7 @@ class DashboardApp(App[str]):
         Binding("p", "profile", "Profile", id="profile"),
         Binding("s", "stop", "Stop", id="stop"),
         Binding("q", "quit", "Quit", id="quit"),
+        Binding("t", "toggle_time", "By time/step", id="compare.time"),
         Binding("question_mark", "help", "Help", key_display="?", id="help"),
         Binding("1", "show_tab('overview')", "Overview tab", id="tab.overview", show=False),
         Binding("2", "show_tab('layers')", "Layers tab", id="tab.layers", show=False),
@@ -71,9 +73,11 @@ class DashboardApp(App[str]):
         Binding("6", "show_tab('doctor')", "Doctor tab", id="tab.doctor", show=False),
     ]
 
-    def __init__(self, source: Source, *, redraw_hz: float = 4.0, profile_steps: int = 5) -> None:
+    def __init__(self, source: Source, *, redraw_hz: float = 4.0, profile_steps: int = 5,
+                 comparison: Comparison | None = None) -> None:
         super().__init__()
         self.source = source
+        self.comparison = comparison or Comparison()
         self.redraw_hz = redraw_hz
         self.profile_steps = profile_steps
         self.state = RunState(info=source.info)
@@ -105,6 +109,7 @@ class DashboardApp(App[str]):
         self.query_one(RunHeader).run_name = self.source.name
         self._show_ranks_tab()
         self.source.start(self._deliver)
+        self.comparison.start(self.source.run_dir, self._deliver)
 
     def on_unmount(self) -> None:
         if self._redraw_timer is not None:
@@ -238,7 +243,7 @@ class DashboardApp(App[str]):
 
         Tests and the screenshot script wait for this instead of sleeping.
         """
-        return not self._inbox and self._redraw_timer is None
+        return not self._inbox and self._redraw_timer is None and self.comparison.loaded
 
     def _redraw(self) -> None:
         self._redraw_timer = None
@@ -253,7 +258,7 @@ class DashboardApp(App[str]):
         header.ended = state.ended_at
         header.connection = state.connection_note
         header.pause_reason = state.pause_reason
-        self.query_one(Overview).refresh_charts(state)
+        self.query_one(Overview).refresh_charts(state, self.comparison.runs(state), self.comparison.by_time)
         self.query_one(LayersView).refresh_layers(state.layers)
         for view in self.query(ReportView):
             view.refresh_report(state)
@@ -270,10 +275,7 @@ class DashboardApp(App[str]):
         if multi != self._ranks_shown:
             self._ranks_shown = multi
             tabs = self.query_one(TabbedContent)
-            if multi:
-                tabs.show_tab("ranks")
-            else:
-                tabs.hide_tab("ranks")
+            (tabs.show_tab if multi else tabs.hide_tab)("ranks")
 
     # ------------------------------------------------------------------- commands
 
@@ -282,9 +284,9 @@ class DashboardApp(App[str]):
         return self.state.ended
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Hide control keys on a read-only or ended run; grey them out while not connected."""
+        """Hide control keys on a read-only or ended run, ``t`` with nothing compared; grey out while unconnected."""
         if action not in CONTROL_ACTIONS:
-            return True
+            return self.comparison.active or action != "toggle_time"
         if not self.source.live or self.run_ended:
             return False
         state = self.state.status.state if self.state.status is not None else "starting"
@@ -322,6 +324,10 @@ class DashboardApp(App[str]):
         self.state.profile_note = None
         self.send("profile", self.profile_steps)
         self.query_one("#profiler-view", ReportView).refresh_report(self.state)
+
+    def action_toggle_time(self) -> None:
+        self.comparison.toggle_time()
+        self._schedule_redraw()
 
     def action_show_tab(self, tab: str) -> None:
         if tab == "ranks" and not self._ranks_shown:
@@ -388,6 +394,6 @@ def make_app(source: Source, **options) -> DashboardApp:
     """The dashboard for ``source`` (LiveSource or ReplaySource).
 
     Options: ``redraw_hz`` (chart redraws per second, default 4), ``profile_steps``
-    (steps the ``p`` key profiles, default 5).
+    (steps the ``p`` key profiles, default 5), ``comparison`` (runs drawn beside it).
     """
     return DashboardApp(source, **options)

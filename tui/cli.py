@@ -4,21 +4,23 @@
 ptdash [options] script.py [args...]      run a script under the dashboard
 ptdash [options] -m module [args...]      run a module
 ptdash demo [demo args...]                the built-in demo
-ptdash attach [RUN]  /  show RUN  /  ls   re-attach, browse, list
+ptdash attach [RUN]  /  show RUN [RUN...]  re-attach, browse (several runs side by side)
+ptdash ls [--all]                         list runs
 ptdash ctl [RUN] COMMAND [VALUE]          steer a run from another terminal
 ptdash doctor [RUN]                       what the training doctor found
+ptdash export RUN --format csv|jsonl|tensorboard
 ```
 
 This module parses the arguments, launches the engine and picks the front: the
-dashboard, or ``headless`` when stdout is not a terminal. ``ctl`` and ``doctor_cli``
-hold their subcommands. Never imports torch: the dashboard's first frame must not wait for it.
+dashboard, or ``headless`` when stdout is not a terminal. ``subcommands`` holds every
+subcommand's arguments, ``ls``, ``ctl``, ``doctor_cli``, ``summary`` and ``export`` the
+subcommands. Never imports torch: the dashboard's first frame must not wait for it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,27 +29,24 @@ from ptdash.shared import __version__, rundir
 from ptdash.shared.config import ConfigError, RunConfig
 from ptdash.shared.protocol import TransportError, parse_positive
 
-from . import runs
+from . import runs, subcommands
 from .ctl import cmd_ctl
 from .errors import CliError
 from .headless import headless
+from .ls import cmd_ls
 
-SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not argparse's usage dump
-        raise CliError(f"{message} (see ptdash --help)")
+SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor", "export")
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = subcommands.Parser(
         prog="ptdash",
         description="Run a PyTorch training script with a live terminal dashboard.",
         usage="ptdash [options] (script.py | -m module | demo) [args...]\n"
-              "       ptdash attach [RUN] | show RUN | ls | doctor [RUN] | ctl [RUN] COMMAND [VALUE]",
-        epilog="Keys in the dashboard: space pause/resume, c checkpoint, g clip norm, l LR factor, "
-               "p profile, s stop, q quit, ? help.")
+              "       ptdash attach [RUN] | show RUN [RUN...] | ls | doctor [RUN] | ctl [RUN] COMMAND [VALUE]\n"
+              "       ptdash export RUN --format csv|jsonl|tensorboard [-o PATH]",
+        epilog="Each subcommand has --help (ptdash show --help). Keys in the dashboard: space pause/resume, "
+               "c checkpoint, g clip norm, l LR factor, p profile, s stop, q quit, ? help.")
     p.add_argument("--version", action="version", version=f"ptdash {__version__}")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     p.add_argument("--headless", action="store_true",
@@ -198,14 +197,16 @@ def _git_commit(target: list[str]) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True) -> int:
-    """Run the Textual app on a run; return the exit status for the ptdash command."""
+def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True, compare: tuple[Path, ...] = (),
+              by_time: bool = False) -> int:
+    """Run the Textual app on a run (``compare``: runs drawn behind it); return the exit status."""
     from .app import make_app
+    from .compare import Comparison
     from .source.live import LiveSource
     from .source.replay import ReplaySource
 
     source = LiveSource(run_dir) if live else ReplaySource(run_dir)
-    result = make_app(source).run()
+    result = make_app(source, comparison=Comparison(compare, by_time)).run()
     if result == "detach":
         print(f"Training continues in the background. Re-attach with: ptdash attach {run_dir}")
         return 0
@@ -221,19 +222,31 @@ def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True) -
 # ------------------------------------------------------------------- subcommands
 
 
-def cmd_ls() -> int:
-    """``ptdash ls``: one line per run here or registered live, oldest first."""
-    found = runs.all_runs()
-    if not found:
-        print("no runs here (looked in ./ptdash-runs and the live-run registry)")
-        return 0
-    print(f"{'RUN':<40} {'STATE':<9} {'STEP':>9} {'AGE':>5}  WHERE")
-    for r in found:
-        step = "" if r.step is None else f"{r.step:,}"
-        host = r.info.host
-        where = f"{r.path}" + (f" (on {host})" if host and host != socket.gethostname() else "")
-        print(f"{r.path.name[:40]:<40} {r.state:<9} {step:>9} {runs.age(r.started):>5}  {where}")
-    return 0
+def cmd_open(sub: str, args: argparse.Namespace) -> int:
+    """``ptdash show`` and ``ptdash attach``: the dashboard, or the plain summary without a terminal.
+
+    A screen drawn into a file would be escape codes that never end, so with stdout not
+    a terminal (or ``--once``/``--json``) the runs are summed up and the command exits.
+    """
+    if sub == "show":
+        main, *others = (runs.resolve(r, everywhere=True) for r in args.runs)
+    else:
+        main = runs.resolve(args.run, live_only=not args.run)
+        others = [runs.resolve(r, everywhere=True) for r in args.compare]
+    if args.once or args.json or not sys.stdout.isatty():
+        from .summary import print_summaries
+
+        return print_summaries([main, *others], args.json)
+    return dashboard(main.path, None, live=sub == "attach" and main.live, compare=tuple(o.path for o in others),
+                     by_time=args.by_time)
+
+
+def _demo_help(script: str) -> int:
+    """``ptdash demo --help``: ptdash's word on the demo, then the demo script's own options."""
+    print(subcommands.parser("demo").format_help())
+    print("The demo script's own options:", flush=True)
+    # Its own process: the demo's argparse imports torch, which the terminal side never does.
+    return subprocess.run([sys.executable, script, "--help"]).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"ptdash: error: {exc}", file=sys.stderr)
         return exc.code
+    except BrokenPipeError:  # `ptdash ls --json | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (LookupError, FileNotFoundError, ValueError, TransportError) as exc:
         message = str(exc).strip('"').splitlines()
         print(f"ptdash: error: {message[0] if message else type(exc).__name__}", file=sys.stderr)
@@ -270,23 +286,31 @@ def _main(argv: list[str]) -> int:
     if first is not None and argv[first] in SUBCOMMANDS and not Path(argv[first]).is_file():
         sub, rest = argv[first], argv[first + 1:]
         options = argv[:first]
+        if options and sub != "demo":
+            raise CliError(f"{options[0]} is not an option of ptdash {sub} here: its options go after it "
+                           f"(see ptdash {sub} --help)")
         if sub == "ls":
-            return cmd_ls()
+            return cmd_ls(subcommands.parse("ls", rest))
         if sub == "ctl":
             return cmd_ctl(rest)
         if sub == "doctor":
             from .doctor_cli import cmd_doctor
 
             return cmd_doctor(rest)
+        if sub == "export":
+            from .export import cmd_export
+
+            return cmd_export(subcommands.parse("export", rest))
         if sub in ("attach", "show"):
-            run = runs.resolve(rest[0] if rest else None, live_only=sub == "attach" and not rest)
-            return dashboard(run.path, None, live=sub == "attach" and run.live)
+            return cmd_open(sub, subcommands.parse(sub, rest))
         if sub == "demo":
             from importlib.util import find_spec
 
             demo = find_spec("ptdash.demo.train")
             if demo is None or demo.origin is None:
                 raise CliError("the demo is not installed", 1)
+            if "-h" in rest or "--help" in rest:  # before any run dir is made
+                return _demo_help(demo.origin)
             argv = [*options, "--name", "demo", demo.origin, *rest] if "--name" not in options \
                 else [*options, demo.origin, *rest]
     args = _run_parser().parse_args(argv)

@@ -2,11 +2,13 @@
 
 A command goes over the run's control socket like the dashboard's keys do; the engine
 applies it at the next step boundary and answers with an Ack naming the step, which is
-printed. Exit status: 0 when applied, 1 when refused or unanswered, 2 on bad usage.
+printed (with ``--json``, as one JSON object). Exit status: 0 when applied, 1 when refused
+or unanswered, 2 on bad usage.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
@@ -15,7 +17,7 @@ from ptdash.shared import rundir
 from ptdash.shared.client import Client
 from ptdash.shared.protocol import ENDED, Ack, Command, Status, TransportError, parse_positive
 
-from . import runs
+from . import runs, subcommands
 from .errors import CliError
 
 CTL_COMMANDS = {"pause": "pause", "resume": "resume", "checkpoint": "checkpoint", "clip": "clip",
@@ -24,8 +26,9 @@ CTL_COMMANDS = {"pause": "pause", "resume": "resume", "checkpoint": "checkpoint"
 
 def cmd_ctl(argv: list[str]) -> int:
     """Send one command to a live run and print its Ack; see the module docstring for the exit status."""
+    args = subcommands.parse("ctl", argv)
     usage = "usage: ptdash ctl [RUN] pause|resume|checkpoint|clip X|lr-scale X|profile N|stop|kill"
-    words = list(argv)
+    words = list(args.words)
     spec = None
     if words and words[0] not in CTL_COMMANDS:
         spec = words.pop(0)
@@ -50,12 +53,17 @@ def cmd_ctl(argv: list[str]) -> int:
     except TransportError as exc:
         raise CliError(str(exc), 1) from None
     if name == "kill":
-        print(f"killed {run.path.name}")
-        return 0
+        ack = Ack(id=cmd.id, name=name, ok=True, step=None, message=f"killed {run.path.name}")
     if ack is None:
         raise CliError("no answer from the engine in time (is the step very long?)", 1)
-    where = f"at step {ack.step}: " if ack.step is not None else ""
-    print(f"{name}: {where}{ack.message}" if ack.ok else f"{name} refused: {ack.message}")
+    if args.json:
+        print(json.dumps({"run_dir": str(run.path), "command": ack.name, "value": value, "id": ack.id, "ok": ack.ok,
+                          "step": ack.step, "message": ack.message}))
+    elif name == "kill":
+        print(ack.message)
+    else:
+        where = f"at step {ack.step}: " if ack.step is not None else ""
+        print(f"{name}: {where}{ack.message}" if ack.ok else f"{name} refused: {ack.message}")
     return 0 if ack.ok else 1
 
 

@@ -2,11 +2,14 @@
 
 Reads the ``finding`` events from the run's store (live or finished) and prints each
 with what was seen, why it matters and the fix, then the Python warnings the script
-raised. Exit status: 0 without findings, 1 with findings or on an error, 2 on bad usage.
+raised (``--json``: all of it as one JSON object). Exit status: 0 without findings, 1 with
+findings or on an error, 2 on bad usage.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 import sqlite3
 import sys
@@ -16,27 +19,20 @@ from ptdash.shared.protocol import Event
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME, StoreError
 
-from . import runs
-from .tabs.doctor import Findings
+from . import runs, subcommands
+from .errors import CliError
+from .tabs.doctor import Finding, Findings
 
-USAGE = "usage: ptdash doctor [RUN]"
-HELP = f"""{USAGE}
-
-Print what the training doctor found in a run: silent bugs such as gradients never
-cleared, training in eval mode, parameters that never learn, a zero learning rate.
-RUN is a run dir, or part of a run's name or id; default: the newest run.
-Exit status: 0 when there are no findings, 1 when there are (or on an error)."""
 
 def cmd_doctor(argv: list[str]) -> int:
-    """Print a run's findings; see the module docstring for the exit status."""
-    if argv and argv[0] in ("-h", "--help"):
-        print(HELP)
-        return 0
-    if len(argv) > 1 or (argv and argv[0].startswith("-")):
-        print(f"ptdash: error: {USAGE} (takes at most one run)", file=sys.stderr)
-        return 2
+    """Print a run's findings (``--json``: as one object); see the module docstring for the exit status."""
     try:
-        run = runs.resolve(argv[0] if argv else None)
+        args = subcommands.parse("doctor", argv)
+    except CliError as exc:
+        print(f"ptdash: error: {exc}", file=sys.stderr)
+        return exc.code
+    try:
+        run = runs.resolve(args.run)
         with StoreReader(run.path / STORE_NAME) as reader:
             events = reader.events()
     except (LookupError, StoreError, OSError, ValueError, sqlite3.Error) as exc:  # ValueError: a damaged run.json
@@ -44,10 +40,27 @@ def cmd_doctor(argv: list[str]) -> int:
         print(f"ptdash: error: {message[0] if message else type(exc).__name__}", file=sys.stderr)
         return 1
     steps = run.info.step
+    if args.json:
+        found, warnings = fold(events)
+        print(json.dumps({"run_dir": str(run.path), "name": run.info.name, "state": run.state, "step": steps,
+                          "findings": [dataclasses.asdict(f) for f in found],
+                          "warnings": [e.message for e in warnings]}, indent=2))
+        return 1 if found else 0
     title = f"{run.path.name} ({run.state}" + (f" at step {steps}" if steps is not None else "") + ")"
     text, count = render(title, events, width=min(100, shutil.get_terminal_size((100, 24)).columns))
     print(text)
     return 1 if count else 0
+
+
+def fold(events: list[Event]) -> tuple[list[Finding], list[Event]]:
+    """The findings in ``events`` in the order raised (one per rule, naming its ranks), and
+    the script's own Python warnings."""
+    folded = Findings()
+    for event in events:
+        if event.kind == "finding":
+            folded.add(event)
+    warnings = [e for e in events if e.kind == "warning" and e.data.get("origin") == "python"]
+    return folded.newest_first()[::-1], warnings
 
 
 def render(title: str, events: list[Event], width: int = 100) -> tuple[str, int]:
@@ -56,11 +69,7 @@ def render(title: str, events: list[Event], width: int = 100) -> tuple[str, int]
     A finding raised by several ranks of a DDP run is shown once, naming the ranks (the
     same fold as the Doctor tab's).
     """
-    folded = Findings()
-    for event in events:
-        if event.kind == "finding":
-            folded.add(event)
-    found = folded.newest_first()[::-1]
+    found, warnings = fold(events)
     noun = "finding" if len(found) == 1 else "findings"
     lines = [f"ptdash doctor: {title}: " + (f"{len(found)} {noun}" if found else "no findings")]
     for number, finding in enumerate(found, 1):
@@ -72,7 +81,6 @@ def render(title: str, events: list[Event], width: int = 100) -> tuple[str, int]
         for label, text in (("what", finding.what), ("why", finding.why), ("fix", finding.fix)):
             lines += textwrap.wrap(text, width=width, initial_indent=f"   {label}: ",
                                    subsequent_indent=" " * 8, break_on_hyphens=False) or [f"   {label}: -"]
-    warnings = [e for e in events if e.kind == "warning" and e.data.get("origin") == "python"]
     if warnings:
         lines += ["", f"Python warnings the script raised ({len(warnings)}, each shown once):"]
         lines += ["   " + textwrap.shorten(e.message, width=width - 3, placeholder=" ...") for e in warnings]

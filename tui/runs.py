@@ -59,11 +59,14 @@ class RunSummary:
         return step
 
 
-def all_runs(root: Path | None = None) -> list[RunSummary]:
-    """Runs under ``root`` (default ./ptdash-runs) plus every registered live run, oldest first."""
+def all_runs(root: Path | None = None, everywhere: bool = False) -> list[RunSummary]:
+    """Runs under ``root`` (default ./ptdash-runs) plus every registered live run, oldest first;
+    with ``everywhere``, every run the user created anywhere (``rundir.recorded``) too."""
     root = Path(root or rundir.DEFAULT_ROOT)
     dirs = {p.resolve() for p in root.glob("*/") if (p / rundir.RUN_JSON).is_file()} if root.is_dir() else set()
     dirs.update(p.resolve() for p in rundir.registered())
+    if everywhere:
+        dirs.update(p.resolve() for p in rundir.recorded())
     runs = []
     for d in dirs:
         try:
@@ -73,15 +76,16 @@ def all_runs(root: Path | None = None) -> list[RunSummary]:
     return sorted(runs, key=lambda r: r.started)
 
 
-def resolve(spec: str | None, live_only: bool = False) -> RunSummary:
+def resolve(spec: str | None, live_only: bool = False, everywhere: bool = False) -> RunSummary:
     """The run named by ``spec`` (a run dir, or part of a run's name or id); newest if None.
 
+    With ``everywhere``, a name is looked for among every run the user created (``ls --all``).
     Raises LookupError with a one-line message.
     """
     if spec and (Path(spec) / rundir.RUN_JSON).is_file():
         path = Path(spec).resolve()
         return RunSummary(path, rundir.read_info(path))
-    runs = all_runs()
+    runs = all_runs(everywhere=everywhere)
     if spec:
         runs = [r for r in runs if spec in r.path.name or spec == r.info.id]
     if live_only:

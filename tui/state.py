@@ -45,6 +45,8 @@ class RunState:
     connection_note: str = "connecting…"
     first_wall: float | None = None
     last_wall: float | None = None
+    clock: Series = field(default_factory=Series)
+    """Wall time (value) of rank 0's steps as they were delivered, to draw the run by time."""
     seen_commands: set[str] = field(default_factory=set)
     layers: LayerStats = field(default_factory=LayerStats)
     profile: dict | None = None
@@ -134,6 +136,7 @@ class RunState:
     def add_walls(self, steps: list[int], walls: list[float]) -> None:
         for s, w in zip(steps, walls):
             self.rate.add(s, w)
+        self.clock.extend(steps, walls)
         if walls:
             self.first_wall = walls[0] if self.first_wall is None else min(self.first_wall, walls[0])
             self.last_wall = walls[-1] if self.last_wall is None else max(self.last_wall, walls[-1])

@@ -11,8 +11,11 @@ ptdash-runs/20261130-101500-train/
   profiles/         profiler traces
 ```
 
-A per-user registry (``<private dir>/runs/<id>``, each holding the run dir's path) lets
-``ptdash attach`` and ``ptdash ls`` find live runs started from any directory.
+Two per-user registries, each a folder of ``<id>`` files holding a run dir's path:
+``<private dir>/runs/`` lists the live runs (the engine adds and removes itself), so
+``ptdash attach`` and ``ptdash ls`` find them from any directory; ``$XDG_STATE_HOME/ptdash/all-runs/``
+(default ``~/.local/state``) lists every run ever created, for ``ptdash ls --all``: the
+private dir is usually a tmpfs that a reboot empties, a run's history is not.
 Stdlib only.
 """
 
@@ -63,6 +66,7 @@ def create(root: Path, name: str, exact: bool = False, **fields) -> Path:
     info = RunInfo(id=run_id, name=name, run_dir=str(path.resolve()), socket=str(sockets / f"{run_id}.sock"),
                    host=socket.gethostname(), user_uid=os.getuid(), created=time.time(), **fields)
     write_info(path, info)
+    record(run_id, path)
     return path
 
 
@@ -128,6 +132,46 @@ def registered() -> list[Path]:
     """Run dirs of registered runs whose run.json still exists."""
     dirs = []
     for entry in _registry().iterdir():
+        try:
+            path = Path(entry.read_text().strip())
+        except (OSError, UnicodeDecodeError):
+            continue
+        if path.is_absolute() and (path / RUN_JSON).exists():
+            dirs.append(path)
+        else:
+            entry.unlink(missing_ok=True)
+    return dirs
+
+
+# ------------------------------------------------------------------ every run, live or not
+
+
+def _all_runs() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "ptdash" / "all-runs"
+
+
+def record(run_id: str, run_dir: Path) -> None:
+    """Add a run to the list of every run (``ptdash ls --all``).
+
+    Best effort: a home that cannot be written loses only that list, never the run.
+    """
+    try:
+        folder = _all_runs()
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (folder / run_id).write_text(str(Path(run_dir).resolve()))
+    except OSError:
+        pass
+
+
+def recorded() -> list[Path]:
+    """Run dirs of every recorded run that still exists; the records of removed ones are pruned."""
+    try:
+        entries = list(_all_runs().iterdir())
+    except OSError:
+        return []
+    dirs = []
+    for entry in entries:
         try:
             path = Path(entry.read_text().strip())
         except (OSError, UnicodeDecodeError):

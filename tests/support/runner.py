@@ -21,7 +21,8 @@ from ptdash.shared.store import STORE_NAME
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
 # A private runtime dir per test session: the tests' sockets and live-run registry never
-# mix with the user's real runs (or another test session's).
+# mix with the user's real runs (or another test session's). The list of every run
+# (``ls --all``) lives under XDG_STATE_HOME, which conftest points at a temporary dir.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
        "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="ptd-")}
 

@@ -1,4 +1,5 @@
-"""Snapshot tests: every tab at 120x40 and the Overview at 80x24, replayed from recorded runs.
+"""Snapshot tests: every tab at 120x40, the Overview and two runs side by side at 120x40 and
+80x24, replayed from recorded runs.
 
 The runs are recorded at a fixed wall time with fixed seeds, and the clock the events
 pane reads runs in UTC, so a screen is the same on every machine: the header's elapsed
@@ -16,6 +17,7 @@ import pytest
 
 from ptdash.shared.protocol import Event
 from ptdash.tui.app import make_app
+from ptdash.tui.compare import Comparison
 from ptdash.tui.source.replay import ReplaySource
 from support.pilot import until
 from support.recorded_run import PROFILE_TOP, make_ddp_run, make_run, run_start
@@ -83,3 +85,24 @@ def test_single_rank_tabs(snap_compare, single_run, key):
 def test_ddp_tabs(snap_compare, ddp_run, key):
     app, loaded = replay(ddp_run)
     assert snap_compare(app, press=[key], terminal_size=WIDE, run_before=loaded)
+
+
+@pytest.fixture(scope="module")
+def compared_runs(tmp_path_factory):
+    """Two finished runs of different lengths and seeds, to be shown side by side."""
+    root = tmp_path_factory.mktemp("compare")
+    return (make_run(root, steps=500, status="finished", exit_code=0, name="baseline", now=RECORDED_AT),
+            make_run(root, steps=300, status="finished", exit_code=0, name="lr-3e-3", seed=3, now=RECORDED_AT))
+
+
+@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+def test_compare(snap_compare, compared_runs, size):
+    """``ptdash show A B``: the runs overlaid on the loss, LR and grad-norm charts, and their key figures."""
+    main, other = compared_runs
+    app = make_app(ReplaySource(main), comparison=Comparison((other,)))
+
+    async def loaded(pilot) -> None:
+        await until(pilot, lambda: app.state.connection_note == "replay (read-only)" and app.drawn,
+                    what="both runs drawn")
+
+    assert snap_compare(app, terminal_size=size, run_before=loaded)

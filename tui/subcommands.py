@@ -1,0 +1,144 @@
+"""The arguments of every ``ptdash`` subcommand: one argparse parser each.
+
+So that each has ``--help`` (its usage, options and what it prints, then exit 0), and a
+bad or unknown argument is one line naming the subcommand's ``--help`` and exit status 2
+(a ``CliError``), never argparse's usage dump. The subcommands themselves live in their
+own modules; this one only says what they accept.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .errors import CliError
+
+LS_STATES = ("live", "paused", "starting", "stopping", "finished", "crashed", "stopped", "lost")
+"""The states ``ptdash ls`` shows (and ``--state`` filters on)."""
+
+EXPORT_FORMATS = ("csv", "jsonl", "tensorboard")
+
+CTL_HELP = """commands:
+  pause | resume        pause at the next step boundary, or go on
+  checkpoint            save a checkpoint now (checkpoints/step-N.pt)
+  clip X | clip off     clip the total gradient norm at X, or give clipping back to the script
+  lr-scale X            multiply every param group's scheduled LR by X
+  profile N             profile the next N steps with torch.profiler
+  stop | kill           stop cleanly (checkpoint, the script's finally blocks), or kill at once
+
+The engine answers with the step the command took effect at. Exit status: 0 when
+applied, 1 when refused or unanswered, 2 on bad usage."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (a CliError, exit status 2)."""
+
+    def error(self, message: str):
+        raise CliError(f"{message} (see {self.prog} --help)")
+
+
+def _states(text: str) -> list[str]:
+    states = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in states if s not in LS_STATES]
+    if not states or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a state; use one or more of {', '.join(LS_STATES)}")
+    return states
+
+
+def _parser(name: str, description: str, epilog: str | None = None) -> Parser:
+    return Parser(prog=f"ptdash {name}", description=description, epilog=epilog,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+RUN_HELP = "a run dir, or part of a run's name or id"
+
+
+def _ls() -> Parser:
+    p = _parser("ls", "List runs: those under ./ptdash-runs and the live ones anywhere, oldest first.")
+    p.add_argument("--all", action="store_true",
+                   help="also every finished run anywhere you ran one (the per-user list of runs)")
+    p.add_argument("--state", type=_states, metavar="STATE[,STATE]",
+                   help=f"only runs in these states ({', '.join(LS_STATES)})")
+    p.add_argument("--name", metavar="TEXT", help="only runs whose name or dir contains TEXT")
+    p.add_argument("--json", action="store_true", help="print a JSON array of runs instead of a table")
+    return p
+
+
+def _show() -> Parser:
+    p = _parser("show", "Open finished (or live) runs read-only. Several runs are drawn side by side: their\n"
+                        "loss, LR and gradient-norm charts overlaid, and a table of each run's key figures.\n"
+                        "Without a terminal (stdout redirected) this prints the summary of --once.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help=RUN_HELP + "; the first is the main one")
+    p.add_argument("--by-time", action="store_true",
+                   help="align compared runs by elapsed time instead of by step (key t toggles)")
+    p.add_argument("--once", action="store_true",
+                   help="print a plain-text summary and exit (status, steps, loss, LR, grad norms, findings)")
+    p.add_argument("--json", action="store_true", help="the summary of --once as a JSON object (implies --once)")
+    return p
+
+
+def _attach() -> Parser:
+    p = _parser("attach", "Re-attach the dashboard to a live run (default: the newest).\n"
+                          "Without a terminal (stdout redirected) this prints the run's state now, as --once.")
+    p.add_argument("run", nargs="?", metavar="RUN", help=RUN_HELP)
+    p.add_argument("--compare", action="append", default=[], metavar="OTHER",
+                   help="draw this run behind the live one, as a reference (repeatable)")
+    p.add_argument("--by-time", action="store_true",
+                   help="align the reference runs by elapsed time instead of by step (key t toggles)")
+    p.add_argument("--once", action="store_true", help="print the run's state now as plain text and exit")
+    p.add_argument("--json", action="store_true", help="the summary of --once as a JSON object (implies --once)")
+    return p
+
+
+def _doctor() -> Parser:
+    p = _parser("doctor", "Print what the training doctor found in a run: silent bugs such as gradients never\n"
+                          "cleared, training in eval mode, parameters that never learn, a zero learning rate.",
+                "Exit status: 0 when there are no findings, 1 when there are (or on an error), 2 on bad usage.")
+    p.add_argument("run", nargs="?", metavar="RUN", help=RUN_HELP + " (default: the newest run)")
+    p.add_argument("--json", action="store_true", help="print the findings as a JSON object")
+    return p
+
+
+def _ctl() -> Parser:
+    p = _parser("ctl", "Steer a live run from another terminal or a script, as the dashboard's keys do.", CTL_HELP)
+    p.usage = "ptdash ctl [-h] [--json] [RUN] COMMAND [VALUE]"
+    p.add_argument("words", nargs="*", metavar="[RUN] COMMAND [VALUE]", help="the run (default: the newest live "
+                   "one), the command and its value")
+    p.add_argument("--json", action="store_true", help="print the engine's answer as a JSON object")
+    return p
+
+
+def _export() -> Parser:
+    p = _parser("export", "Write a run's history in a format other tools read. Streams the store in windows\n"
+                          "of steps, so a run of millions of steps exports in bounded memory; progress on stderr.",
+                "formats:\n"
+                "  csv          one row per step, one column per scalar series (rankN/ columns under DDP)\n"
+                "  jsonl        one JSON object per step; with --events also the events and the command journal\n"
+                "  tensorboard  event files for `tensorboard --logdir` (scalars under their ptdash names,\n"
+                "               events as text); needs `pip install 'ptdash[tensorboard]'`")
+    p.add_argument("run", metavar="RUN", help=RUN_HELP)
+    p.add_argument("--format", required=True, choices=EXPORT_FORMATS)
+    p.add_argument("-o", "--output", metavar="PATH",
+                   help="file (csv, jsonl; default: stdout) or directory (tensorboard; default: ./tb/<run>)")
+    p.add_argument("--layers", action="store_true",
+                   help="also each parameter's gradient norm and update ratio (layer/<name>/... series)")
+    p.add_argument("--events", action="store_true", help="jsonl: also the events and the command journal")
+    return p
+
+
+def _demo() -> Parser:
+    return _parser("demo", "Run the built-in demo: a small GPT learning to write English, on CPU or GPU.\n"
+                           "usage: ptdash [options] demo [demo options]  (ptdash's options go before `demo`)")
+
+
+PARSERS = {"ls": _ls, "show": _show, "attach": _attach, "doctor": _doctor, "ctl": _ctl, "export": _export,
+           "demo": _demo}
+
+
+def parser(name: str) -> Parser:
+    """The parser of subcommand ``name``."""
+    return PARSERS[name]()
+
+
+def parse(name: str, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed as subcommand ``name``'s arguments; ``--help`` prints and exits 0."""
+    return parser(name).parse_args(argv)

@@ -1,0 +1,145 @@
+"""``ptdash show RUN --once``: a run summed up in plain text or JSON, with no terminal needed.
+
+Status, steps, duration and rate, the first, last and best loss, the last LR, the
+gradient norm's range, every change of the clip norm or the LR factor, the doctor's
+findings and where the checkpoints are. Read from run.json and the store (live or
+finished): a series' extremes come from the store's summary table, so a run of a
+million steps is summed up in a fraction of a second. Plain text: no escape codes,
+whatever stdout is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from ptdash.shared.exits import describe_exit
+from ptdash.shared.protocol import ENDED
+from ptdash.shared.rows import RowReader
+from ptdash.shared.store import STORE_NAME, StoreError
+
+from .fmt import fmt_duration, fmt_si
+from .runs import RunSummary
+from .tabs.doctor import Findings
+from .tabs.overview import lr_names
+
+_CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
+
+
+def summarize(run: RunSummary) -> dict:
+    """The summary of ``run`` as a JSON-ready dict (None wherever the run cannot say)."""
+    info = run.info
+    out = {"name": info.name, "id": info.id, "run_dir": str(run.path), "state": run.state, "status": info.status,
+           "exit_code": info.exit_code, "exit": describe_exit(info.exit_code) if info.exit_code is not None else None,
+           "step": run.step, "total_steps": info.total_steps, "started": info.started or info.created or None,
+           "ended": info.ended, "duration_s": None, "steps_per_s": None, "loss": None, "lr": None,
+           "grad_norm": None, "changes": [], "findings": [], "checkpoints": _checkpoints(run.path),
+           "damage": None}
+    try:
+        reader = RowReader(run.path / STORE_NAME)
+    except StoreError as exc:
+        out["damage"] = str(exc) if (run.path / STORE_NAME).exists() else None
+        return out
+    with reader:
+        first, last = reader.wall_range()
+        start = out["started"] or (first[1] if first else None)
+        if info.status in ENDED:
+            end = info.ended or (last[1] if last else None)
+        else:  # a live run has lasted until now; a lost one until its last step
+            end = time.time() if run.live else (last[1] if last else None)
+        if start is not None and end is not None and end >= start:
+            out["duration_s"] = end - start
+        if first and last and last[1] > first[1]:
+            out["steps_per_s"] = (last[0] - first[0]) / (last[1] - first[1])
+        loss = reader.stats("loss")
+        if loss is not None:
+            out["loss"] = {"first": _point(loss.first), "last": _point(loss.last), "best": _point(loss.low)}
+        names = lr_names(reader.names())
+        lr = reader.stats(names[0]) if names else None
+        if lr is not None:
+            out["lr"] = {"name": names[0], **_point(lr.last)}
+        norm = reader.stats("grad/norm_total")
+        if norm is not None:
+            out["grad_norm"] = {"min": _point(norm.low), "max": _point(norm.high), "last": _point(norm.last)}
+        findings = Findings()
+        for event in reader.events():
+            if event.kind == "finding":
+                findings.add(event)
+            elif event.kind == "command" and event.data.get("name") in ("clip", "lr_scale") and event.data.get("ok"):
+                out["changes"].append({"name": event.data["name"], "value": event.data.get("value"),
+                                       "step": event.data.get("applied_step", event.step)})
+        out["findings"] = [{"id": f.id, "severity": f.severity, "what": f.what, "step": f.step, "ranks": f.ranks}
+                           for f in findings.newest_first()[::-1]]
+        out["damage"] = str(reader.damage) if reader.damage else None
+    return out
+
+
+def _point(point) -> dict | None:
+    return None if point is None else {"step": point.step, "value": point.value}
+
+
+def _checkpoints(run_dir: Path) -> dict:
+    """Where the checkpoints are: the folder, how many, and the newest by step."""
+    folder = run_dir / "checkpoints"
+    found = sorted((int(m.group(1)), p.name) for p in folder.glob("*.pt") if (m := _CHECKPOINT.match(p.name)))
+    others = [p.name for p in folder.glob("*.pt") if not _CHECKPOINT.match(p.name)]
+    return {"dir": str(folder) if folder.is_dir() else None, "count": len(found) + len(others),
+            "newest": found[-1][1] if found else (sorted(others)[-1] if others else None)}
+
+
+def render(s: dict) -> str:
+    """The summary as plain text, one figure a line."""
+    how = s["state"] + (f", {s['exit']}" if s["exit"] and s["state"] in ENDED else "")
+    lines = [f"{s['name']}  ({how})", _row("run dir", s["run_dir"])]
+    steps = "no step yet" if s["step"] is None else f"{s['step']:,}"
+    if s["step"] is not None and s["total_steps"]:
+        steps += f" of {s['total_steps']:,}"
+    lines.append(_row("steps", steps))
+    timing = fmt_duration(s["duration_s"]) if s["duration_s"] is not None else "unknown"
+    if s["steps_per_s"] is not None:
+        timing += f", {fmt_si(s['steps_per_s'])} steps/s"
+    lines.append(_row("duration", timing))
+    if s["loss"]:
+        lines.append(_row("loss", "  ".join(f"{k} {_at(s['loss'][k])}" for k in ("first", "last", "best"))))
+    if s["lr"]:
+        lines.append(_row("last lr", f"{fmt_si(s['lr']['value'])} ({s['lr']['name']}, step {s['lr']['step']:,})"))
+    if s["grad_norm"]:
+        g = s["grad_norm"]
+        lines.append(_row("grad norm", f"min {_at(g['min'])}  max {_at(g['max'])}  last {_at(g['last'])}"))
+    if s["changes"]:
+        said = [f"step {c['step']}: {c['name'].replace('_', '-')} "
+                f"{'off' if c['value'] is None else fmt_si(c['value'], 4)}" for c in s["changes"]]
+        lines.append(_row("changes", "; ".join(said)))
+    else:
+        lines.append(_row("changes", "none (no clip or LR factor command)"))
+    found = s["findings"]
+    lines.append(_row("findings", f"{len(found)}: " + ", ".join(f"{f['id']} ({f['severity']})" for f in found)
+                      + f"  (ptdash doctor {s['run_dir']})" if found else "none"))
+    ck = s["checkpoints"]
+    lines.append(_row("checkpoints", f"{ck['count']} in {ck['dir']}, newest {ck['newest']}" if ck["count"]
+                      else "none"))
+    if s["damage"]:
+        lines.append(_row("damage", s["damage"]))
+    return "\n".join(lines)
+
+
+def _row(label: str, text: str) -> str:
+    return f"  {label:<12}{text}"
+
+
+def _at(point: dict | None) -> str:
+    if point is None:
+        return "N/A"
+    return f"{fmt_si(point['value'], 4)} (step {point['step']:,})"
+
+
+def print_summaries(runs: list[RunSummary], as_json: bool) -> int:
+    """Print the summaries of ``runs`` (one JSON object, or an array for several); exit status 0."""
+    found = [summarize(r) for r in runs]
+    if as_json:
+        print(json.dumps(found[0] if len(found) == 1 else found, indent=2))
+    else:
+        print("\n\n".join(render(s) for s in found))
+    return 0
