@@ -168,7 +168,7 @@ class Engine:
         self.journal.set_state(state, exit_code=exit_code, detail=detail)
         self.journal.event("run", f"{state} with exit code {exit_code}" + (f": {detail.splitlines()[-1]}" if detail else ""))
         self.flusher.stop()
-        self.flusher.flush()
+        self.flusher.flush(self.flusher.sample())
         if self.primary:
             self.server.stop()
             self.store.close()

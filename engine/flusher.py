@@ -4,7 +4,7 @@ and hands them to the store and the dashboards (or, on ranks other than 0, to ra
 Each flush drains the recorder (one batched copy per device), lets the doctor and the
 anomaly checks look at the host values, names the per-parameter record, writes one
 store transaction and publishes the live messages. System readings (host, allocator,
-NVML) are sampled by time, once a second, whatever the step time. The training thread
+NVML) are sampled by time, once a second, whatever the step time, and stored by time. The training thread
 never waits for any of it.
 """
 
@@ -17,7 +17,7 @@ from typing import Callable
 
 from .discovery import Discovery, param_names
 from .recorder import Recorder, _to_host
-from .shared.protocol import LayerNames, Layers, Message, Metrics, to_dict
+from .shared.protocol import LayerNames, Layers, Message, Metrics, Samples, to_dict
 
 log = logging.getLogger("ptdash.flusher")
 
@@ -95,37 +95,40 @@ class Flusher:
                 break
             try:
                 now = time.monotonic()
-                system_row = None
+                sample = None
                 if now - last_system >= 1.0:
-                    system_row = self.system_row()
+                    sample = self.sample()
                     last_system = now
-                self.flush(system_row)
+                self.flush(sample)
                 if now - last_status >= 1.0:
                     self._publish(self._journal.status())
                     last_status = now
             except Exception:  # keep flushing; never take training down
                 log.exception("flush failed")
 
-    def system_row(self) -> list:
+    def sample(self) -> list:
+        """One ``[wall, {name: value}]`` reading of the host and the GPUs."""
         values = {k: v for k, v in self._sampler.sample().items() if v is not None}
-        return [self._journal.status().step, time.time(), values]
+        return [time.time(), values]
 
-    def flush(self, system_row: list | None = None) -> None:
+    def flush(self, sample: list | None = None) -> None:
         """Move everything recorded to the store and the dashboards."""
         rows, layer_rows = self._recorder.drain()
         self._doctor.on_flush(rows, layer_rows, _to_host)
         self._anomalies.check_rows(rows)
         stored, live = self._layers(layer_rows)
         events = self._journal.drain()
-        extra = [system_row] if system_row else []
+        samples = [sample] if sample else []
         if self._push is not None:
-            if rows or events or extra:
-                self._push({"rows": rows, "events": [to_dict(e) for e in events], "extra": extra})
+            if rows or events or samples:
+                self._push({"rows": rows, "events": [to_dict(e) for e in events], "samples": samples})
             return
-        if self._store is not None and (rows or events or stored or extra):
-            self._store.write(rows=rows, events=events, layers=stored, extra=extra)
-        if rows or extra:
-            self._publish(Metrics(rows=rows + extra))
+        if self._store is not None and (rows or events or stored or samples):
+            self._store.write(rows=rows, events=events, layers=stored, samples=samples)
+        if rows:
+            self._publish(Metrics(rows=rows))
+        if samples:
+            self._publish(Samples(rows=samples))
         for msg in live:
             self._publish(msg)
         if self._ranks is not None:

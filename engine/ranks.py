@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from .shared.protocol import Event, Message, Metrics, from_dict
+from .shared.protocol import Event, Message, Metrics, Samples, from_dict
 
 
 class RankCollector:
@@ -35,11 +35,14 @@ class RankCollector:
             self._progress[0] = (own_rows[-1][0], now)
         for rank, payload in self._dist.pull():
             events = [replace(e, rank=rank) for e in map(from_dict, payload["events"]) if isinstance(e, Event)]
-            self._store.write(rows=payload["rows"], rank=rank, events=events, extra=payload["extra"])
+            samples = payload.get("samples") or []
+            self._store.write(rows=payload["rows"], rank=rank, events=events, samples=samples)
             for event in events:
                 self._publish(event)
-            if payload["rows"] or payload["extra"]:
-                self._publish(Metrics(rows=payload["rows"] + payload["extra"], rank=rank))
+            if payload["rows"]:
+                self._publish(Metrics(rows=payload["rows"], rank=rank))
+            if samples:
+                self._publish(Samples(rows=samples, rank=rank))
             if payload["rows"]:
                 self._progress[rank] = (payload["rows"][-1][0], now)
                 self._stalled.discard(rank)

@@ -18,7 +18,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Status
+from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Samples, Status
 
 from .compare import Comparison
 from .fmt import command_text, fmt_si
@@ -132,6 +132,8 @@ class DashboardApp(App[str]):
             obj = self._inbox.popleft()
             if isinstance(obj, Metrics):
                 self.state.add_metrics(obj)
+            elif isinstance(obj, Samples):
+                self.state.add_samples(obj)
             elif isinstance(obj, Layers):
                 self.state.add_layers(obj)
             elif isinstance(obj, LayerNames):
@@ -153,6 +155,8 @@ class DashboardApp(App[str]):
                 for name, (steps, values) in obj.series.items():
                     self.state.get(name).merge(steps, values)
                 self._merge_ranks(obj.ranks)
+                for rank, named in obj.samples.items():
+                    self.state.merge_samples(rank, named)
                 self.state.add_walls(*obj.walls)
             elif isinstance(obj, InfoChanged):
                 self.state.info = obj.info
@@ -176,6 +180,8 @@ class DashboardApp(App[str]):
             state.info = history.info
             state.note_info(history.info)
         state.note_world_size(history.meta.get("world_size"))
+        for rank, named in history.samples.items():
+            state.merge_samples(rank, named)
         for name, (steps, values) in history.series.items():
             state.get(name).extend(steps, values)
         self._merge_ranks(history.ranks)

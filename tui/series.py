@@ -8,7 +8,6 @@ survive. Pure: no Textual, tested on plain lists.
 from __future__ import annotations
 
 import bisect
-import re
 from collections import deque
 
 from ptdash.shared.decimate import decimate
@@ -16,15 +15,13 @@ from ptdash.shared.decimate import decimate
 SERIES_CAP = 8000
 """Points a series buffer holds before it decimates itself to half of that."""
 
-RANK_SERIES = ("loss", "time/step_s", "time/data_s", "throughput/samples_per_s", "host/rss_bytes")
-"""The series kept of ranks other than 0 (the Ranks tab's columns), besides GPU memory."""
-
-_GPU_ALLOCATED = re.compile(r"^gpu\d+/mem_allocated_bytes$")
-
+RANK_SERIES = ("loss", "time/step_s", "time/data_s", "throughput/samples_per_s")
+"""The series by step kept of ranks other than 0 (the Ranks tab's columns); their host and
+GPU readings come by time, as every rank's do."""
 
 def rank_wants(name: str) -> bool:
-    """Whether the Ranks tab reads series ``name`` of every rank."""
-    return name in RANK_SERIES or _GPU_ALLOCATED.match(name) is not None
+    """Whether the Ranks tab reads series ``name`` (by step) of every rank."""
+    return name in RANK_SERIES
 
 
 class Series:
@@ -52,6 +49,11 @@ class Series:
     def latest(self) -> float | None:
         """The newest value (None when empty or non-finite)."""
         return self.values[-1] if self.values else None
+
+    def value_at(self, step: int) -> float | None:
+        """The value at exactly ``step``, None when the series has none there."""
+        i = bisect.bisect_left(self.steps, step)
+        return self.values[i] if i < len(self.steps) and self.steps[i] == step else None
 
     def extend(self, steps: list[int], values: list[float | None]) -> None:
         """Append points newer than the last one; older ones are ignored."""

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from ptdash.shared.config import RunInfo
-from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Status
+from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Samples, Status
 
 from .series import Series, StepRate, rank_wants
 from .tabs.doctor import Findings
@@ -61,6 +61,12 @@ class RunState:
     """The latest ``hint`` (input-bound advice), shown under the step-time breakdown."""
     pause_reason: str | None = None
     """Why the engine paused the run by itself (an anomaly), until it runs again."""
+    samples: dict[int, dict[str, Series]] = field(default_factory=dict)
+    """Per rank, the readings taken by time (host, GPU), keyed by wall time."""
+    optimizers: dict[int, str] = field(default_factory=dict)
+    """Optimizer index (its series are ``opt<k>/...``) -> the model it updates."""
+    no_step: str | None = None
+    """Why no step can be found, when backwards run without one (the engine says so once)."""
     findings: Findings = field(default_factory=Findings)
     """The training doctor's findings (``finding`` events), one per rule."""
     world_size: int = 1
@@ -159,6 +165,28 @@ class RunState:
             self.get(name).extend(s, v)
         self.add_walls(steps, walls)
 
+    def sample(self, name: str, rank: int = 0) -> Series | None:
+        """A series of readings taken by time (``host/...``, ``gpu<i>/...``) of ``rank``."""
+        return self.samples.get(rank, {}).get(name)
+
+    def add_samples(self, msg: Samples) -> None:
+        """Fold in host and GPU readings (keyed by their wall time)."""
+        own = self.samples.setdefault(msg.rank, {})
+        if msg.rank:
+            self.note_world_size(msg.rank + 1)
+        for wall, values in msg.rows:
+            for name, value in values.items():
+                series = own.get(name)
+                if series is None:
+                    series = own[name] = Series()
+                series.append(wall, value)
+
+    def merge_samples(self, rank: int, named: dict[str, tuple[list[float], list[float | None]]]) -> None:
+        """Readings read back from the store (history, or a gap filled)."""
+        own = self.samples.setdefault(rank, {})
+        for name, (walls, values) in named.items():
+            own.setdefault(name, Series()).merge(walls, values)
+
     def _add_rank_rows(self, rank: int, rows: list) -> None:
         columns: dict[str, tuple[list[int], list[float | None]]] = {}
         for step, _, values in rows:
@@ -231,6 +259,8 @@ class RunState:
         kind, message, data, step = event.kind, event.message, event.data, event.step
         if kind == "finding":
             self.findings.add(event)
+            if data.get("id") == "no-step":
+                self.no_step = str(data.get("what") or message)
         elif kind == "anomaly" and isinstance(data.get("stalled_rank"), int):
             rank = data["stalled_rank"]
             at = data.get("step")
@@ -238,6 +268,9 @@ class RunState:
             self.note_world_size(rank + 1)
         elif kind == "run":
             self._note_failures(data.get("failures"))
+            if isinstance(data.get("optimizer"), int):
+                self.optimizers[data["optimizer"]] = str(data.get("name") or data.get("class") or "")
+
         elif kind == "profile":
             self.profile, self.profile_pending, self.profile_note = data, None, None
         elif kind == "command" and data.get("name") == "profile" and data.get("ok"):

@@ -115,6 +115,19 @@ class Metrics(Message):
 
 
 @dataclass(frozen=True)
+class Samples(Message):
+    """Readings taken by time, not by step (host CPU and memory, GPU memory and NVML).
+
+    ``rows`` holds ``[wall_time, {name: value}]`` lists, oldest first; they are sampled
+    once a second however long a step takes.
+    """
+
+    type: ClassVar[str] = "samples"
+    rows: list = field(default_factory=list)
+    rank: int = 0
+
+
+@dataclass(frozen=True)
 class Status(Message):
     """The run's state, sent on every change and with each flush.
 
@@ -205,7 +218,8 @@ class Layers(Message):
 
 
 MESSAGES: dict[str, type[Message]] = {
-    cls.type: cls for cls in (Hello, Command, Welcome, Refused, Metrics, Status, Ack, Event, LayerNames, Layers)
+    cls.type: cls for cls in (Hello, Command, Welcome, Refused, Metrics, Samples, Status, Ack, Event, LayerNames,
+                                Layers)
 }
 
 

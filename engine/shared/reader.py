@@ -57,6 +57,7 @@ class StoreReader:
             self._db.execute("SELECT count(*) FROM names").fetchone()
             # A store written before the summary table existed has none, or an empty one
             # if a later writer opened it: its long series are decimated from raw rows.
+            self._samples = "samples" in tables  # stores before it kept host readings by step
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(events)")}
             # Stores written before events knew their rank hold rank 0's only.
             self._event_rank = "rank" if "rank" in columns else "0"
@@ -136,9 +137,15 @@ class StoreReader:
                 pass
 
     def names(self) -> list[str]:
-        """Every scalar series name, sorted."""
-        return sorted(n for n in self._rows("SELECT name FROM names", (), "in its list of names", one=True)
-                      if isinstance(n, str))
+        """Every series recorded by step, sorted (not the readings taken by time)."""
+        names = self._rows("SELECT id, name FROM names", (), "in its list of names")
+        sampled: set = set()
+        if self._samples:
+            # One key lookup per name in the small samples table; read apart from the
+            # names so a damaged page in one costs only that part.
+            sampled = set(self._rows("SELECT id FROM names n WHERE EXISTS (SELECT 1 FROM samples WHERE name_id = n.id)",
+                                     (), "in its samples", one=True))
+        return sorted(n for i, n in names if isinstance(n, str) and i not in sampled)
 
     def ranks(self) -> list[int]:
         """The ranks that recorded steps."""
@@ -294,6 +301,52 @@ class StoreReader:
             self._damaged(StoreError("its summary table is unreadable"), f"in the summary of {name!r}",
                           f"; all {count} steps were read")
         return decimator.points() if decimator is not None else out
+
+    def sampled_names(self, rank: int = 0) -> list[str]:
+        """The series sampled by time (host and GPU readings) that ``rank`` recorded."""
+        if not self._samples:
+            return []
+        return sorted(n for n in self._rows(
+            "SELECT name FROM names n WHERE EXISTS (SELECT 1 FROM samples WHERE name_id = n.id AND rank = ?)",
+            (rank,), "in its samples", one=True) if isinstance(n, str))
+
+    def sampled(self, name: str, rank: int = 0, after_wall: float | None = None,
+                max_points: int | None = None) -> tuple[list[float], list[float | None]]:
+        """``(walls, values)`` of a series sampled by time, oldest first; with
+        ``max_points``, a long one keeps each time bucket's minimum and maximum."""
+        if not self._samples:
+            return [], []
+        found = self._rows("SELECT id FROM names WHERE name = ?", (name,), "in its list of names", one=True)
+        if not found:
+            return [], []
+        args = (found[0], rank, -math.inf if after_wall is None else after_wall)
+        where = "name_id = ? AND rank = ? AND wall > ?"
+        count = self._rows(f"SELECT count(*) FROM samples WHERE {where}", args, "in its samples", one=True)
+        if max_points is not None and count and count[0] > max_points:
+            bounds = self._rows(f"SELECT min(wall), max(wall) FROM samples WHERE {where}", args, "in its samples")
+            lo, hi = bounds[0]
+            width = (hi - lo) / max(1, max_points // 2 - 1) or 1.0
+            points: dict[float, float | None] = {}
+            for agg in ("min", "max"):
+                for _, wall, value in self._rows(
+                        f"SELECT CAST((wall - ?) / ? AS INTEGER) AS b, wall, {agg}(value) FROM samples "
+                        f"WHERE {where} GROUP BY b", (lo, width, *args), "in its samples"):
+                    points[wall] = value
+            pairs = sorted(points.items())
+        else:
+            pairs = self._rows(f"SELECT wall, value FROM samples WHERE {where} ORDER BY wall", args, "in its samples")
+        pairs = [(w, v) for w, v in pairs if isinstance(w, float)]
+        return [w for w, _ in pairs], [_number(v) for _, v in pairs]
+
+    def latest_samples(self, rank: int = 0) -> dict[str, float | None]:
+        """The newest reading of every sampled series of ``rank``."""
+        if not self._samples:
+            return {}
+        rows = self._rows(
+            "SELECT n.name, s.value FROM names n JOIN samples s ON s.name_id = n.id AND s.rank = ? "
+            "AND s.wall = (SELECT max(wall) FROM samples WHERE name_id = n.id AND rank = ?)",
+            (rank, rank), "in its samples")
+        return {n: _number(v) for n, v in rows if isinstance(n, str)}
 
     def latest(self, rank: int = 0) -> tuple[int | None, dict[str, float | None]]:
         """The newest step of ``rank`` and every value recorded at it."""

@@ -60,6 +60,10 @@ CREATE TABLE IF NOT EXISTS blobs (
     kind TEXT NOT NULL, rank INTEGER NOT NULL, step INTEGER NOT NULL, data BLOB NOT NULL,
     PRIMARY KEY (kind, rank, step)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS samples (
+    name_id INTEGER NOT NULL, rank INTEGER NOT NULL, wall REAL NOT NULL, value REAL,
+    PRIMARY KEY (name_id, rank, wall)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
@@ -112,14 +116,14 @@ class StoreWriter:
         return id_
 
     def write(self, rows=(), rank: int = 0, events: list[Event] = (), layers: list[Layers | LayerNames] = (),
-              extra=()) -> None:
+              samples=()) -> None:
         """Write one flush in a single transaction.
 
         ``rows``: ``[step, wall, {name: value}]`` lists (value None for non-finite);
         ``events``: Event messages (each stored under its own ``rank``); ``layers``:
-        Layers and LayerNames messages, stored as the protocol's dicts; ``extra``: rows
-        of values sampled by time rather than by step (system metrics), stored as scalars
-        at the given step without touching that step's wall time.
+        Layers and LayerNames messages, stored as the protocol's dicts; ``samples``:
+        ``[wall, {name: value}]`` readings taken by time, not by step (host and GPU, once
+        a second), so a run of slow steps keeps its whole history of them.
         """
         with self._transaction():
             ids = self._name_ids
@@ -128,9 +132,10 @@ class StoreWriter:
                 steps.append((rank, step, wall))
                 for name, value in values.items():
                     scalars.append((ids.get(name) or self._name_id(name), rank, step, value))
-            for step, _wall, values in extra:
-                for name, value in values.items():
-                    scalars.append((ids.get(name) or self._name_id(name), rank, step, value))
+            timed = [(ids.get(name) or self._name_id(name), rank, wall, value)
+                     for wall, values in samples for name, value in values.items()]
+            if timed:
+                self._db.executemany("INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?)", timed)
             if steps:
                 self._db.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", steps)
             if scalars:

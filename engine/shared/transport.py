@@ -27,7 +27,7 @@ from typing import Callable
 
 from . import protocol
 from .private import check_private_dir, peer_uid
-from .protocol import Command, Hello, Layers, Message, Metrics, ProtocolError, Refused, Welcome
+from .protocol import Command, Hello, Layers, Message, Metrics, ProtocolError, Refused, Samples, Welcome
 
 log = logging.getLogger("ptdash.shared.transport")
 
@@ -138,7 +138,7 @@ class Server:
         """
         frame = protocol.encode(msg)
         is_metrics = isinstance(msg, Metrics)
-        droppable = is_metrics or isinstance(msg, Layers)
+        droppable = is_metrics or isinstance(msg, (Layers, Samples))
         with self._lock:
             for client in self._clients.values():
                 if not client.authed or client.closing:

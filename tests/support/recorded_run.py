@@ -92,9 +92,14 @@ def demo_row(step: int, rng: random.Random, wall: float) -> list:
         "grad/clipped": 1.0 if norm > CLIP else 0.0,
         "time/step_s": step_s,
         "throughput/samples_per_s": 64 / step_s,
-        "host/cpu_pct": 50.0 + rng.random() * 10,
-        "host/rss_bytes": 1.2e9,
+        **({"user/val_loss": max(0.01, loss) * 1.1} if step % 50 == 0 else {}),
     }]
+
+
+def host_sample(wall: float, rng: random.Random, rss: float = 1.2e9) -> list:
+    """One reading of the host, as the engine takes once a second: ``[wall, {name: value}]``."""
+    return [wall, {"host/cpu_pct": 50.0 + rng.random() * 10, "host/proc_cpu_pct": 95.0 + rng.random() * 5,
+                   "host/mem_used_bytes": 9.5e9 + rss, "host/mem_total_bytes": 24e9, "host/rss_bytes": rss}]
 
 
 def run_start(steps: int, now: float | None) -> float:
@@ -120,6 +125,8 @@ def make_run(root: Path, steps: int = 500, status: str = "running", name: str = 
     writer.set_meta(config={"script": "demo.py"})
     for i in range(0, len(rows), 100):
         writer.write(rows=rows[i:i + 100])
+    seconds = int(steps * 0.05) + 1
+    writer.write(samples=[host_sample(start + 2 + s, rng) for s in range(seconds)])
     if layers:
         names = layer_names(layers)
         records = [LayerNames(step=4, names=names, shapes=layer_shapes(names))]
@@ -189,7 +196,6 @@ def rank_row(step: int, rank: int, rng: random.Random, wall: float, slow: float 
         "time/compute_s": 0.6 * step_s,
         "time/optim_s": 0.15 * step_s,
         "throughput/samples_per_s": 64 / step_s,
-        "host/rss_bytes": 1.0e9 + rank * 1e8,
         "grad/norm_total": 1.0,
     }]
 
@@ -215,6 +221,8 @@ def make_ddp_run(root: Path, steps: int = 200, world_size: int = 2, slow_rank: i
         factor = slow if rank == slow_rank else 1.0
         writer.write(rows=[rank_row(s, rank, rng, start + 2 + s * 0.05, factor) for s in range(1, steps + 1)],
                      rank=rank)
+        writer.write(samples=[host_sample(start + 2 + s, rng, 1.0e9 + rank * 1e8)
+                              for s in range(int(steps * 0.05 * factor) + 1)], rank=rank)
     writer.close()
     rundir.update_info(run_dir, world_size=world_size, **info)
     return run_dir

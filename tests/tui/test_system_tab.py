@@ -8,8 +8,9 @@ request answered by a report, an anomaly that pauses the run, and an OOM.
 from __future__ import annotations
 
 import asyncio
+import time
 
-from ptdash.shared.protocol import Metrics
+from ptdash.shared.protocol import Samples
 from ptdash.tui.app import make_app
 from ptdash.tui.source.live import LiveSource
 from ptdash.tui.widgets.header import RunHeader
@@ -36,9 +37,9 @@ def test_system_profiler_oom_and_anomaly_tabs(tmp_path):
             # System: the recorded run has host readings only.
             await pilot.press("3")
             await until(pilot, lambda: "no CUDA device" in screen_text(app), what="no CUDA device")
-            engine.server.publish(Metrics(rows=[[100, 0.0, {"gpu0/mem_allocated_bytes": 2.0 * GIB,
-                                                            "gpu0/nvml_mem_total_bytes": 80.0 * GIB,
-                                                            "gpu0/nvml_util_pct": None}]]))
+            engine.server.publish(Samples(rows=[[time.time(), {"gpu0/mem_allocated_bytes": 2.0 * GIB,
+                                                               "gpu0/nvml_mem_total_bytes": 80.0 * GIB,
+                                                               "gpu0/nvml_util_pct": None}]]))
             await until(pilot, lambda: "gpu0" in screen_text(app), what="gpu0")
             text = screen_text(app)
             assert "no CUDA device" not in text and "allocated 2.0 GiB" in text

@@ -124,7 +124,7 @@ def test_summary_stays_exact_through_rewrites_gaps_and_ranks(tmp_path):
     # System samples taken while paused: the same step written again, first lowering the
     # bucket's minimum, then taking that minimum away again.
     for value in (-100.0, 5.0, None, 7.0):
-        writer.write(extra=[[5000, 0.0, {"host/cpu_pct": value, "loss": value}]])
+        writer.write(rows=[[5000, 0.0, {"host/cpu_pct": value, "loss": value}]])
     # Steps written out of order, and twice inside one flush.
     writer.write(rows=[[7000, 0.0, {"loss": 1.0}], [6000, 0.0, {"loss": -9.0}], [6000, 0.0, {"loss": 2.0}]])
     writer.close()
@@ -184,10 +184,10 @@ def real_store(tmp_path_factory) -> tuple[Path, dict]:
     rng = random.Random(3)
     for start in range(1, 6001, 200):
         rows = [[s, 1000.0 + s, {n: value_at(s, n) for n in NAMES}] for s in range(start, start + 200)]
-        extra = [[start + 199, 0.0, {"host/cpu_pct": rng.random() * 100}]]
+        samples = [[1000.0 + start + 199, {"host/cpu_pct": rng.random() * 100}]]
         layers = [Layers(step=start + 199, grad_norms=[rng.random() for _ in range(40)])]
         events = [Event(kind="run", step=start, wall=1000.0 + start, message=f"at {start}", data={"step": start})]
-        writer.write(rows=rows, extra=extra, layers=layers, events=events)
+        writer.write(rows=rows, samples=samples, layers=layers, events=events)
     writer.close()
     return path, {n: raw_points(path, n) for n in NAMES}
 
@@ -202,13 +202,15 @@ def read_everything(path: Path) -> tuple[StoreReader | None, dict]:
     with reader:
         got = {"names": reader.names(), "meta": reader.meta(), "events": reader.events(),
                "walls": reader.walls(), "latest": reader.latest(), "ranks": reader.ranks(),
-               "layers": reader.layers(), "names@": reader.layer_names(), "last": reader.last_step()}
+               "layers": reader.layers(), "names@": reader.layer_names(), "last": reader.last_step(),
+               "sampled": reader.sampled("host/cpu_pct"), "sampled@5": reader.sampled("host/cpu_pct", max_points=5),
+               "latest samples": reader.latest_samples()}
         for name in reader.names():
             got[name] = reader.series(name)
             got[name + "@4000"] = reader.series(name, max_points=4000)
             got[name + "@100"] = reader.series(name, max_points=100, after_step=2500)
         for key, value in got.items():
-            if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], list):
+            if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], list) and "sampled" not in key:
                 steps, values = value
                 assert all(type(s) is int for s in steps), key
                 assert all(v is None or (type(v) is float and math.isfinite(v)) for v in values), key
@@ -306,3 +308,22 @@ def _has_dbstat(db) -> bool:
         return True
     except sqlite3.DatabaseError:
         return False
+
+
+def test_readings_by_time_keep_every_sample_however_slow_the_steps(tmp_path):
+    writer = StoreWriter(tmp_path / STORE)
+    # Three slow steps and a reading every second between them: nothing is keyed by step.
+    writer.write(rows=[[1, 100.0, {"loss": 1.0}]], samples=[[100.0 + s, {"host/cpu_pct": float(s)}] for s in range(60)])
+    writer.write(rows=[[2, 160.0, {"loss": 0.9}]], samples=[[160.0 + s, {"host/cpu_pct": 60.0 + s}] for s in range(60)])
+    writer.write(samples=[[5.0, {"host/rss_bytes": 7.0}]], rank=1)
+    writer.close()
+    with StoreReader(tmp_path / STORE) as reader:
+        walls, values = reader.sampled("host/cpu_pct")
+        assert len(walls) == 120 and values == [float(v) for v in range(120)] and walls == sorted(walls)
+        assert reader.sampled("host/cpu_pct", after_wall=218.0) == ([219.0], [119.0])
+        short_walls, short = reader.sampled("host/cpu_pct", max_points=10)
+        assert len(short) <= 12 and min(short) == 0.0 and max(short) == 119.0  # extremes survive
+        assert reader.names() == ["loss"] and reader.sampled_names() == ["host/cpu_pct"]
+        assert reader.sampled_names(rank=1) == ["host/rss_bytes"] and reader.latest_samples(rank=1) == {
+            "host/rss_bytes": 7.0}
+        assert reader.latest_samples() == {"host/cpu_pct": 119.0}

@@ -22,7 +22,9 @@ def test_load_history_reads_everything(tmp_path):
     history = load_history(run_dir, first=None)
     steps, values = history.series["loss"]
     assert steps[0] == 1 and steps[-1] == 500 and len(values) == 500
-    assert "opt/lr/group1" in history.series and "host/cpu_pct" in history.series
+    assert "opt/lr/group1" in history.series and "user/val_loss" in history.series
+    walls, cpu = history.samples[0]["host/cpu_pct"]  # readings by time, one a second
+    assert len(cpu) == 26 and walls == sorted(walls) and "host/cpu_pct" not in history.series
     assert history.walls[0][-1] == 500 and not history.pending
     assert [e.kind for e in history.events] == ["run", "checkpoint", "anomaly"]
     assert history.status == Status(state="finished", step=500, total_steps=2000, exit_code=0)
@@ -32,9 +34,9 @@ def test_load_history_reads_the_first_screen_first(tmp_path):
     run_dir = make_run(tmp_path, steps=50, status="finished", exit_code=0)
     history = load_history(run_dir)
     assert {"loss", "opt/lr/group0", "grad/norm_total", "time/step_s"} <= set(history.series)
-    assert sorted(history.pending) == ["host/cpu_pct", "host/rss_bytes"]
+    assert history.pending == ["user/val_loss"]
     rest = load_series(run_dir, history.pending)
-    assert len(rest.series["host/cpu_pct"][0]) == 50
+    assert rest.series["user/val_loss"][0] == [50]
 
 
 def test_load_history_without_a_store(tmp_path):
@@ -47,7 +49,8 @@ def test_history_loads_each_ranks_series(tmp_path):
     run_dir = make_ddp_run(tmp_path, steps=50)
     history = load_history(run_dir)
     assert sorted(history.ranks) == [1]
-    assert {"loss", "time/step_s", "time/data_s", "host/rss_bytes"} <= set(history.ranks[1])
+    assert {"loss", "time/step_s", "time/data_s"} <= set(history.ranks[1])
+    assert set(history.samples[1]) == {"host/rss_bytes"}  # of the other ranks' readings, their memory
     assert "grad/norm_total" not in history.ranks[1]
     assert max(history.series["loss"][1]) < RANK_LOSS  # rank 0's loss only
     assert history.ranks[1]["loss"][0][-1] == 50
@@ -73,7 +76,7 @@ def test_replay_source_delivers_history_and_log(tmp_path):
     source.close()
     kinds = [type(x) for x in inbox.items]
     assert kinds == [History, Backfill, LogLines, Connection]
-    assert "host/cpu_pct" in inbox.items[1].series
+    assert "user/val_loss" in inbox.items[1].series
     assert inbox.items[2].lines[-1].startswith("epoch 0 step 200 loss ")
     assert inbox.items[3].note == "replay (read-only)"
 

@@ -6,20 +6,22 @@ from io import StringIO
 
 from rich.console import Console
 
-from ptdash.shared.protocol import Event, Metrics, Status
+from ptdash.shared.protocol import Event, Metrics, Samples, Status
 from ptdash.tui.state import RunState
 from ptdash.tui.tabs import ranks
 from support.recorded_run import RANK_LOSS, run_info
 from support.render import text_of
 
 
-def rows(rank_steps: dict[int, float], steps=range(1, 21), **extra) -> RunState:
-    """A state with ``steps`` of each rank, its step time as given."""
+def rows(rank_steps: dict[int, float], steps=range(1, 21), **readings) -> RunState:
+    """A state with ``steps`` of each rank, its step time as given, and ``readings`` by time."""
     state = RunState()
     for rank, step_s in rank_steps.items():
         state.add_metrics(Metrics(rank=rank, rows=[
             [s, 0.0, {"loss": RANK_LOSS * rank + 1.0, "time/step_s": step_s, "time/data_s": step_s / 4,
-                      "throughput/samples_per_s": 64 / step_s, "grad/norm_total": 1.0, **extra}] for s in steps]))
+                      "throughput/samples_per_s": 64 / step_s, "grad/norm_total": 1.0}] for s in steps]))
+        if readings:
+            state.add_samples(Samples(rank=rank, rows=[[1.0, readings]]))
     return state
 
 
@@ -35,7 +37,7 @@ def test_state_keeps_ranks_apart():
 
 def test_rank_rows_scores_stragglers_and_says_why_a_rank_stopped():
     state = rows({0: 0.05, 1: 0.05, 2: 0.09}, **{"host/rss_bytes": 2.0 ** 30})
-    state.add_metrics(Metrics(rank=1, rows=[[20, 0.0, {"gpu1/mem_allocated_bytes": 3 * 2.0 ** 30}]]))
+    state.add_samples(Samples(rank=1, rows=[[2.0, {"gpu1/mem_allocated_bytes": 3 * 2.0 ** 30}]]))
     by_rank = {r.rank: r for r in ranks.rank_rows(state)}
     assert by_rank[2].straggler == 0.09 / 0.05 and by_rank[0].straggler == 1.0
     assert by_rank[2].data_share == 0.25 and by_rank[2].samples_per_s == 64 / 0.09

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ptdash.shared.protocol import Metrics
+import pytest
+
+from ptdash.shared.protocol import Metrics, Samples
 from ptdash.tui.state import RunState
 from ptdash.tui.tabs import system
 from support.render import text_of
@@ -11,8 +13,9 @@ GIB = 2 ** 30
 
 
 def state_with(**values) -> RunState:
+    """A state that holds one host/GPU reading (they come by time, as Samples)."""
     state = RunState()
-    state.add_metrics(Metrics(rows=[[10, 0.0, values]]))
+    state.add_samples(Samples(rows=[[1.0, values]]))
     return state
 
 
@@ -36,14 +39,17 @@ def test_system_with_partial_gpu_metrics_shows_na():
     assert "CPU machine" in text and "N/A" in text  # host readings missing too
 
 
-def test_step_split_medians_and_hint():
+def test_step_split_adds_up_over_the_same_steps_and_hint():
     state = RunState()
-    rows = [[s, 0.0, {"time/data_s": 0.06, "time/compute_s": 0.03, "time/optim_s": 0.01, "time/step_s": 0.1}]
-            for s in range(1, 60)]
-    rows[-1][2]["time/data_s"] = 5.0  # one slow batch does not move a median
+    rows = [[s, 0.0, {"time/data_s": 0.06, "time/compute_s": 0.03, "time/optim_s": 0.01, "time/other_s": 0.0,
+                      "time/step_s": 0.1}] for s in range(1, 60)]
+    rows[-1][2].update({"time/data_s": 5.0, "time/step_s": 5.04})  # one slow step does not move the picture
+    rows[-2][2] = {"time/step_s": 0.1}  # a step that was not sampled
     state.add_metrics(Metrics(rows=rows))
     split = system.step_split(state)
-    assert split["time/data_s"] == 0.06 and split["time/step_s"] == 0.1
+    assert split["time/data_s"] == pytest.approx(0.06) and split["time/step_s"] == pytest.approx(0.1)
+    parts = [split[n] for n, _, _ in system.STEP_PARTS]
+    assert sum(parts) == pytest.approx(split["time/step_s"])
     state.hint = "input-bound: 60% of each step is spent waiting for data; try more DataLoader workers"
     text = text_of(system.report(state, 100))
     parts = {line.split()[1]: line for line in text.splitlines() if line.strip().startswith("■")}
@@ -51,3 +57,12 @@ def test_step_split_medians_and_hint():
     assert "30.0 ms" in parts["forward+backward"] and "10.0 ms" in parts["optimizer"]
     assert "step 100.0 ms" in text
     assert "hint: input-bound" in text
+    # Each part from the same steps: an evaluation every few steps shows as "other".
+    state = RunState()
+    rows = [[s, 0.0, {"time/data_s": 0.01, "time/compute_s": 0.05, "time/optim_s": 0.01,
+                      "time/other_s": 0.09 if s % 4 == 0 else 0.0, "time/step_s": 0.16 if s % 4 == 0 else 0.07}]
+            for s in range(1, 41)]
+    state.add_metrics(Metrics(rows=rows))
+    split = system.step_split(state)
+    assert sum(split[n] for n, _, _ in system.STEP_PARTS) == pytest.approx(split["time/step_s"])
+    assert split["time/other_s"] == pytest.approx(0.09 / 4)

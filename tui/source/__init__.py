@@ -55,6 +55,8 @@ class History:
     """The parameter names those records follow."""
     ranks: dict[int, Columns] = field(default_factory=dict)
     """Per rank above 0, the series the Ranks tab reads (decimated to ``history.RANK_POINTS``)."""
+    samples: dict[int, Columns] = field(default_factory=dict)
+    """Per rank, host and GPU readings taken by time: ``{name: (walls, values)}``."""
 
 
 @dataclass
@@ -65,6 +67,8 @@ class Backfill:
     walls: tuple[list[int], list[float]]
     ranks: dict[int, Columns] = field(default_factory=dict)
     """Per rank above 0, new rows of the series the Ranks tab reads."""
+    samples: dict[int, Columns] = field(default_factory=dict)
+    """Per rank, new host and GPU readings: ``{name: (walls, values)}``."""
 
 
 @dataclass

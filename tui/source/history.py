@@ -32,6 +32,12 @@ LAYER_FLUSHES = 300
 RANK_POINTS = 1000
 """Points per series of each rank above 0 read on attach (the few series the Ranks tab reads)."""
 
+SAMPLE_POINTS = 600
+"""Host and GPU readings per series read on attach (the System tab shows the latest)."""
+
+RANK_SAMPLES = ("host/rss_bytes", "/mem_allocated_bytes")
+"""What the Ranks tab reads of every rank's readings: its memory."""
+
 HISTORY_WALLS = 1000
 """Newest step wall times read on attach (for steps/s; elapsed time comes from run.json)."""
 
@@ -51,6 +57,7 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
     layers: list[Layers] = []
     names: LayerNames | None = None
     ranks: dict[int, Columns] = {}
+    samples: dict[int, Columns] = {}
     damage: StoreError | None = None
     try:
         reader = StoreReader(Path(run_dir) / STORE_NAME)
@@ -72,14 +79,16 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
             layers = reader.layers(limit=LAYER_FLUSHES)
             names = reader.layer_names(layers[-1].step) if layers else None
             size = world_size(info, meta)
-            ranks = load_ranks(reader, range(1, size) if size else [r for r in reader.ranks() if r != 0])
+            others = list(range(1, size)) if size else [r for r in reader.ranks() if r != 0]
+            ranks = load_ranks(reader, others)
+            samples = load_samples(reader, [0, *others])
             damage = reader.damage
     if damage is not None:  # shown in the events pane: what was read, and where it stopped
         events.append(Event(kind="warning", step=None, wall=time.time(), message=str(damage)))
     last_step = walls[0][-1] if walls[0] else None
     status = status_from_files(info, last_step) if info is not None else None
     return History(info=info, series=series, walls=walls, events=events, status=status, meta=meta,
-                   pending=pending, layers=layers, layer_names=names, ranks=ranks)
+                   pending=pending, layers=layers, layer_names=names, ranks=ranks, samples=samples)
 
 
 def world_size(info: RunInfo | None, meta: dict) -> int | None:
@@ -106,6 +115,23 @@ def load_ranks(reader: StoreReader, ranks: Iterable[int],
                                           after_step=None if after is None else after.get((rank, name), -1))
             if steps:
                 own[name] = (steps, values)
+        if own:
+            out[rank] = own
+    return out
+
+
+def load_samples(reader: StoreReader, ranks: Iterable[int], after: dict[int, float] | None = None) -> dict[int, Columns]:
+    """``{rank: {name: (walls, values)}}`` of the readings taken by time: every one of rank
+    0's, the memory of the others. With ``after`` (rank -> wall), only newer readings."""
+    out: dict[int, Columns] = {}
+    for rank in ranks:
+        names = [n for n in reader.sampled_names(rank) if rank == 0 or n.endswith(RANK_SAMPLES)]
+        own = {}
+        for name in names:
+            walls, values = reader.sampled(name, rank, after_wall=None if after is None else after.get(rank),
+                                           max_points=SAMPLE_POINTS)
+            if walls:
+                own[name] = (walls, values)
         if own:
             out[rank] = own
     return out

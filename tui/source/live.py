@@ -17,12 +17,23 @@ from pathlib import Path
 from ptdash.shared import rundir
 from ptdash.shared.client import Client
 from ptdash.shared.config import RunInfo
-from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Status, TransportError
+from ptdash.shared.protocol import (
+    ENDED,
+    Ack,
+    Command,
+    Event,
+    LayerNames,
+    Layers,
+    Metrics,
+    Samples,
+    Status,
+    TransportError,
+)
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME, StoreError
 
 from . import Backfill, Connection, InfoChanged, LogLines, Post, Source, read_run_info
-from .history import HISTORY_POINTS, load_history, load_ranks, load_series, status_from_files, world_size
+from .history import HISTORY_POINTS, load_history, load_ranks, load_samples, load_series, status_from_files, world_size
 from .logtail import LogTail
 
 GONE_GRACE_S = 3.0
@@ -62,6 +73,8 @@ class LiveSource(Source):
         self._last_event_id = 0
         self._backfilled_events: set[tuple[float, str]] = set()
         self._rank_last: dict[tuple[int, str], int] = {}
+        self._sampled: dict[int, float] = {}
+        """Rank -> the newest reading's wall time the dashboard has."""
         self._world_size: int | None = None
         self.can_control = False
 
@@ -104,6 +117,7 @@ class LiveSource(Source):
             history = load_history(self.run_dir)
             self._remember(history.series, history.walls)
             self._remember_ranks(history.ranks)
+            self._remember_samples(history.samples)
             self._world_size = world_size(history.info, history.meta) or max(history.ranks, default=-1) + 1 or None
             self._pending = list(history.pending)
             self._last_event_id = max((e.id for e in history.events), default=0)
@@ -182,6 +196,9 @@ class LiveSource(Source):
                 msg = self._filter(msg)
                 if msg is not None:
                     post(msg)
+            elif isinstance(msg, Samples):
+                self._sampled[msg.rank] = max(self._sampled.get(msg.rank, 0.0), msg.rows[-1][0] if msg.rows else 0.0)
+                post(msg)
             elif isinstance(msg, (Layers, LayerNames)):
                 post(msg)
             elif isinstance(msg, Event):
@@ -321,11 +338,13 @@ class LiveSource(Source):
                     series[name] = (steps, values)
             walls = reader.walls(after_step=self._last_wall_step)
             ranks = load_ranks(reader, range(1, self._world_size or 1), self._rank_last)
-        if not series and not walls[0] and not ranks:
+            samples = load_samples(reader, range(self._world_size or 1), self._sampled)
+        if not series and not walls[0] and not ranks and not samples:
             return None
         self._remember(series, walls)
         self._remember_ranks(ranks)
-        return Backfill(series, walls, ranks)
+        self._remember_samples(samples)
+        return Backfill(series, walls, ranks, samples)
 
     def _remember(self, series: dict, walls: tuple[list[int], list[float]]) -> None:
         for name, (steps, _) in series.items():
@@ -333,6 +352,12 @@ class LiveSource(Source):
                 self._last[name] = max(self._last.get(name, -1), steps[-1])
         if walls[0]:
             self._last_wall_step = max(self._last_wall_step, walls[0][-1])
+
+    def _remember_samples(self, samples: dict) -> None:
+        for rank, own in samples.items():
+            newest = max((walls[-1] for walls, _ in own.values() if walls), default=None)
+            if newest is not None:
+                self._sampled[rank] = max(self._sampled.get(rank, 0.0), newest)
 
     def _remember_ranks(self, ranks: dict) -> None:
         for rank, own in ranks.items():

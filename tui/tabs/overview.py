@@ -35,20 +35,33 @@ def _join(parts: list[Text]) -> Text:
     return Text("  ").join(parts)
 
 
+def _others(state: RunState, suffix: str) -> list[tuple[str, str]]:
+    """``(series name, label)`` of the other optimizers' ``opt<k>/<suffix>`` series."""
+    found = sorted((int(m.group(1)), n) for n in state.series if (m := re.match(rf"^opt(\d+)/{suffix}$", n)))
+    return [(n, state.optimizers.get(k) or f"opt{k}") for k, n in found]
+
+
 def loss(state: RunState) -> tuple[Text, Chart]:
-    """Raw loss (dim) under its EMA (bright); log scale once it spans decades."""
+    """Raw loss (dim) under its EMA (bright); log scale once it spans decades. The other
+    optimizers' losses (a GAN's generator) in their own colours."""
     series = state.series.get("loss")
     if series is None or not series.steps:
+        if state.no_step:
+            return Text(f"no step found: {state.no_step}", "yellow"), Chart()
         return Text("no loss yet", "dim"), Chart()
     smooth = ema_series(series.values, LOSS_ALPHA, series.steps)
     last_smooth = next((v for v in reversed(smooth) if v is not None), None)
     legend = _join([_value("", series.latest(), "bold"), _value("ema", last_smooth, "bold bright_cyan")])
     if series.latest() is None:
         legend.append("  non-finite", "bold red")
-    return legend, Chart([
-        Line(series.steps, series.values, "grey50"),
-        Line(series.steps, smooth, "bright_cyan"),
-    ], log_y="auto")
+    lines = [Line(series.steps, series.values, "grey50"), Line(series.steps, smooth, "bright_cyan")]
+    for i, (name, label) in enumerate(_others(state, "loss")):
+        other = state.series[name]
+        style = PALETTE[(i + 2) % len(PALETTE)]
+        lines.append(Line(other.steps, ema_series(other.values, LOSS_ALPHA, other.steps), style))
+        legend.append("  ")
+        legend.append_text(_value(label, other.latest(), style))
+    return legend, Chart(lines, log_y="auto")
 
 
 def lr_names(names) -> list[str]:
@@ -60,7 +73,11 @@ def lr_names(names) -> list[str]:
 def lr(state: RunState) -> tuple[Text, Chart]:
     """Effective LR of every param group of every optimizer, one colour each."""
     names = lr_names(state.series)
+    if not names and "user/lr" in state.series:
+        names = ["user/lr"]  # the script reports its own LR with ptdash.log(lr=...)
     if not names:
+        if "loss" in state.series and not state.optimizers and "grad/norm_total" in state.series:
+            return Text("LR unknown: no torch.optim optimizer (ptdash.log(lr=...) reports one)", "dim"), Chart()
         return Text("no LR yet", "dim"), Chart()
     lines, parts = [], []
     scale = state.status.lr_scale if state.status is not None else 1.0
@@ -70,12 +87,21 @@ def lr(state: RunState) -> tuple[Text, Chart]:
         series = state.series[name]
         style = PALETTE[i % len(PALETTE)]
         lines.append(Line(series.steps, series.values, style))
-        label = "" if len(names) == 1 else name.replace("/lr/group", " g").replace("opt ", "")
+        label = "" if len(names) == 1 else _lr_label(state, name)
         if i < 4:
             parts.append(_value(label, series.latest(), style, 3))
     if len(names) > 4:
         parts.append(Text(f"+{len(names) - 4}", "dim"))
     return _join(parts), Chart(lines)
+
+
+def _lr_label(state: RunState, name: str) -> str:
+    """``g0`` for the main optimizer's group 0, ``Generator g0`` for another optimizer's."""
+    m = _LR.match(name)
+    if m is None:
+        return name
+    k, group = m.group(1), m.group(2)
+    return f"g{group}" if not k else f"{state.optimizers.get(int(k)) or 'opt' + k} g{group}"
 
 
 def grad(state: RunState) -> tuple[Text, Chart]:
@@ -95,6 +121,11 @@ def grad(state: RunState) -> tuple[Text, Chart]:
         recent = [v for v in clipped.values[-CLIPPED_WINDOW:] if v is not None]
         if recent and any(recent):
             parts.append(Text.assemble(("clipped ", "dim"), (f"{100 * sum(recent) / len(recent):.0f}%", "red")))
+    for i, (name, label) in enumerate(_others(state, "grad/norm_total")):
+        other = state.series[name]
+        style = PALETTE[(i + 3) % len(PALETTE)]
+        lines.append(Line(other.steps, other.values, style))
+        parts.append(_value(label, other.latest(), style))
     return _join(parts), Chart(lines, log_y="auto")
 
 

@@ -62,7 +62,7 @@ def _median(series: Series | None, window: int = RANK_WINDOW) -> float | None:
 
 def rank_ids(state: RunState) -> list[int]:
     """Every rank of the run: as many as the world size, plus any that sent rows."""
-    return sorted(set(range(state.world_size)) | set(state.rank_series))
+    return sorted(set(range(state.world_size)) | set(state.rank_series) | set(state.samples))
 
 
 def rank_rows(state: RunState, window: int = RANK_WINDOW) -> list[RankRow]:
@@ -78,12 +78,14 @@ def rank_rows(state: RunState, window: int = RANK_WINDOW) -> list[RankRow]:
         data_s = _median(own.get("time/data_s"), window)
         row.data_share = data_s / row.step_s if data_s is not None and row.step_s else None
         row.samples_per_s = _median(own.get("throughput/samples_per_s"), window)
-        gpu = [s.latest() for n, s in own.items() if n.startswith("gpu") and n.endswith("/mem_allocated_bytes")]
+        readings = state.samples.get(rank, {})
+        gpu = [s.latest() for n, s in readings.items() if n.startswith("gpu") and n.endswith("/mem_allocated_bytes")]
         gpu = [v for v in gpu if v is not None]
+        rss = readings.get("host/rss_bytes")
         if gpu:
             row.memory, row.memory_kind = sum(gpu), "gpu"
-        elif own.get("host/rss_bytes") is not None and own["host/rss_bytes"].latest() is not None:
-            row.memory, row.memory_kind = own["host/rss_bytes"].latest(), "rss"
+        elif rss is not None and rss.latest() is not None:
+            row.memory, row.memory_kind = rss.latest(), "rss"
         if rank in state.rank_failures:
             row.status = "failed" if rank == first_failure else "stopped"
             row.detail = describe_exit(state.rank_failures[rank])
@@ -167,4 +169,5 @@ def versions(state: RunState) -> tuple:
     return (state.world_size, tuple(sorted(state.stalled.items())), tuple(state.rank_failures.items()),
             state.status.state if state.status is not None else None,
             tuple((rank, tuple(s.version for n, s in own.items() if rank_wants(n)))
-                  for rank, own in sorted(state.rank_series.items())))
+                  for rank, own in sorted(state.rank_series.items())),
+            tuple((rank, tuple(s.version for s in own.values())) for rank, own in sorted(state.samples.items())))

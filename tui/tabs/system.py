@@ -21,7 +21,7 @@ SPARK_WIDTH = 20
 """Samples in each sparkline (the engine samples the system about once a second)."""
 
 STEP_WINDOW = 50
-"""Recent steps whose median makes the step-time split."""
+"""Recent sampled steps whose split makes the step-time split."""
 
 LABEL = 12
 
@@ -31,24 +31,26 @@ STEP_PARTS = (
     ("time/data_s", "data", "yellow"),
     ("time/compute_s", "forward+backward", "cyan"),
     ("time/optim_s", "optimizer", "magenta"),
+    ("time/other_s", "other", "white"),
 )
 """(series, label, colour) of each part of a step, in the order a step spends them."""
 
 
 def latest(state: RunState, name: str) -> float | None:
-    """The newest value of a series; None when it is missing or N/A."""
-    series = state.series.get(name)
+    """The newest host or GPU reading; None when it is missing or N/A."""
+    series = state.sample(name)
     return series.latest() if series is not None else None
 
 
 def recent(state: RunState, name: str, n: int = SPARK_WIDTH) -> list[float | None]:
-    series = state.series.get(name)
+    """The latest ``n`` readings (taken once a second, whatever the step time)."""
+    series = state.sample(name)
     return series.values[-n:] if series is not None else []
 
 
 def gpu_indices(state: RunState) -> list[int]:
     """The GPUs the engine reports on, by CUDA index."""
-    return sorted({int(m.group(1)) for name in state.series if (m := _GPU.match(name))})
+    return sorted({int(m.group(1)) for name in state.samples.get(0, {}) if (m := _GPU.match(name))})
 
 
 def _pct(value: float | None) -> str:
@@ -152,11 +154,39 @@ def gpu(state: RunState, i: int, width: int) -> list[RenderableType]:
 
 
 def step_split(state: RunState, window: int = STEP_WINDOW) -> dict[str, float | None]:
-    """Median seconds of each part of a step (and ``time/step_s``) over its last ``window`` values."""
-    out = {}
-    for name in (*(n for n, _, _ in STEP_PARTS), "time/step_s"):
-        values = [v for v in recent(state, name, window) if v is not None]
-        out[name] = statistics.median(values) if values else None
+    """Where a typical step's time goes: each part's mean over the same recent sampled steps.
+
+    The engine splits sampled steps only. Means over one set of steps add up to its mean
+    step time; a step over three times the median (a checkpoint, an evaluation) is left
+    out so one slow step does not move the picture. Without any split, ``time/step_s`` is
+    the median of the recent steps.
+    """
+    steps = state.series.get("time/step_s")
+    out: dict[str, float | None] = dict.fromkeys((*(n for n, _, _ in STEP_PARTS), "time/step_s"))
+    if steps is None or not steps.values:
+        return out
+    recent_steps = [v for v in steps.values[-window:] if v is not None]
+    out["time/step_s"] = statistics.median(recent_steps) if recent_steps else None
+    parts = {name: state.series.get(name) for name, _, _ in STEP_PARTS}
+    compute = parts["time/compute_s"]
+    if compute is None or not compute.steps:
+        data = parts["time/data_s"]
+        if data is not None and data.values and data.values[-1] is not None:
+            out["time/data_s"] = data.values[-1]
+        return out
+    sampled = []
+    for step in compute.steps[-window:]:
+        total = steps.value_at(step)
+        values = {name: (s.value_at(step) if s is not None else None) for name, s in parts.items()}
+        if total is not None and values["time/compute_s"] is not None:
+            sampled.append((total, values))
+    if not sampled:
+        return out
+    typical = statistics.median(t for t, _ in sampled)
+    kept = [(t, v) for t, v in sampled if t <= 3 * typical] or sampled
+    out["time/step_s"] = sum(t for t, _ in kept) / len(kept)
+    for name in parts:
+        out[name] = sum(v[name] or 0.0 for _, v in kept) / len(kept)
     return out
 
 
@@ -164,14 +194,14 @@ def step_time(state: RunState, width: int) -> list[RenderableType]:
     """Where a step's time goes (data wait, forward+backward, optimizer), and any hint."""
     split = step_split(state)
     step = split["time/step_s"]
-    # The engine times the split on sampled steps only: each part's median is over its own last values.
-    lines: list[RenderableType] = [Text(f" step time  (medians of the last {STEP_WINDOW} steps; the split is sampled)",
-                                        "bold underline")]
+    # The engine splits sampled steps only: the parts are means over the same sampled steps.
+    lines: list[RenderableType] = [Text(f" step time  (the last {STEP_WINDOW} sampled steps: each part's share adds "
+                                        "up to the step)", "bold underline")]
     if all(v is None for v in split.values()):
         lines.append(Text(" no step timings yet", "dim"))
     elif all(split[n] is None for n, _, _ in STEP_PARTS):
         lines.append(Text.assemble((" step ", "dim"), (fmt_ms(step), "bold"),
-                                   (" (no data / forward+backward / optimizer split recorded)", "dim")))
+                                   (" (no data / forward+backward / optimizer / other split recorded)", "dim")))
     else:
         whole = step or sum(v for v in split.values() if v is not None) or None
         bar_w = max(10, min(60, width - 20))
@@ -221,6 +251,6 @@ def report(state: RunState, width: int) -> RenderableType:
 
 def versions(state: RunState) -> tuple:
     """A cheap fingerprint of everything ``report`` reads, to skip unchanged redraws."""
-    return (tuple((n, s.version) for n, s in state.series.items() if n.startswith(("host/", "gpu", "time/"))),
-            state.hint, id(state.oom))
+    return (tuple((n, s.version) for n, s in state.series.items() if n.startswith("time/")),
+            tuple((n, s.version) for n, s in state.samples.get(0, {}).items()), state.hint, id(state.oom))
 

@@ -79,11 +79,13 @@ class Overview(Widget):
 
 
 def _fingerprint(key: str, state: RunState) -> tuple:
+    others = tuple(n for n in state.series if n.startswith("opt") and n.endswith(("/loss", "/grad/norm_total")))
     names = {
-        "loss": ("loss",),
-        "lr": tuple(overview.lr_names(state.series)),
-        "grad": ("grad/norm_total", "grad/clip_max", "grad/clipped"),
+        "loss": ("loss", *others),
+        "lr": (*overview.lr_names(state.series), "user/lr"),
+        "grad": ("grad/norm_total", "grad/clip_max", "grad/clipped", *others),
         "speed": ("throughput/samples_per_s", "time/step_s"),
     }[key]
-    extra = state.status.lr_scale if key == "lr" and state.status is not None else None
+    extra = (state.status.lr_scale if key == "lr" and state.status is not None else None,
+             tuple(state.optimizers.items()), state.no_step)
     return names, overview.versions(state, names), extra
