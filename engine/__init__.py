@@ -56,4 +56,7 @@ def start_step() -> int:
     same batches as an uninterrupted one. Without ptdash this returns 0.
     """
     engine = _engine()
-    return engine.start_step if engine is not None else 0
+    if engine is None:
+        return 0
+    engine.checkpointer.asked = True
+    return engine.start_step

@@ -13,12 +13,22 @@ training nothing. Each finding becomes an event once, not once per step.
 
 from __future__ import annotations
 
+import collections
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Callable
 
 from .shared.numbers import ema
 from .shared.protocol import Command
+
+SPIKE_Z = 8.0
+"""Robust standard deviations (1.4826 x the median absolute deviation) above the recent
+median that a loss must be to count as a spike."""
+SPIKE_SPACING = 500
+"""Steps between two spike events."""
+MAX_SPIKES = 3
+"""Spike events per run; after these, one more says that further ones are not reported."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,10 @@ class Anomalies:
         self._loss_avg: float | None = None
         self._loss_seen = 0
         self._last_spike_step = -10**9
+        self._spikes = 0
+        self._recent: collections.deque[float] = collections.deque(maxlen=200)
+        self.judge_loss = True
+        """Whether loss spikes are judged here (rank 0's only: the loss is the run's, not the rank's)."""
         self._layer_avg: list[float] | None = None
         self._layer_seen = 0
         self._flagged: set[tuple[int, str]] = set()
@@ -131,21 +145,36 @@ class Anomalies:
                 elif not self._nonfinite_reported:
                     self._nonfinite_reported = True
                     events.append(("anomaly", f"non-finite loss or gradient at step {step}", {"step": step}))
-            if "loss" in values:
-                loss = values["loss"]
-                if loss is not None:
-                    avg = self._loss_avg
-                    if (avg is not None and self._loss_seen >= self.t.warmup_steps and avg > 0
-                            and loss > self.t.spike_factor * avg and step - self._last_spike_step >= 100):
-                        self._last_spike_step = step
-                        events.append(("anomaly", f"loss spike at step {step}: {loss:.4g} is "
-                                                  f"{loss / avg:.1f}x its running average {avg:.4g}",
-                                       {"step": step, "loss": loss, "average": avg}))
-                    self._loss_avg = ema(avg, loss, 0.05)
-                    self._loss_seen += 1
+            loss = values.get("loss")
+            if loss is not None and self.judge_loss:
+                spike = self._spike(step, loss)
+                if spike is not None:
+                    events.append(spike)
+                self._loss_avg = ema(self._loss_avg, loss, 0.05)
+                self._loss_seen += 1
+                self._recent.append(loss)
         for kind, message, data in events:
             self._event(kind, message, **data)
         return events
+
+    def _spike(self, step: int, loss: float) -> tuple | None:
+        """A loss far outside its own recent noise: ``spike_factor`` times its running
+        average, and more than SPIKE_Z robust deviations above its recent median. A noisy
+        loss (reinforcement learning) moves its median and spread with it; a spike does not."""
+        avg, t = self._loss_avg, self.t
+        if (avg is None or self._loss_seen < t.warmup_steps or avg <= 0 or loss <= t.spike_factor * avg
+                or step - self._last_spike_step < SPIKE_SPACING or self._spikes > MAX_SPIKES):
+            return None
+        median = statistics.median(self._recent)
+        spread = 1.4826 * statistics.median(abs(v - median) for v in self._recent)
+        if loss <= median + SPIKE_Z * spread:
+            return None
+        self._last_spike_step = step
+        self._spikes += 1
+        if self._spikes > MAX_SPIKES:
+            return ("anomaly", f"loss spike at step {step}; further spikes are not reported", {"step": step})
+        return ("anomaly", f"loss spike at step {step}: {loss:.4g} is {loss / avg:.1f}x its running average "
+                           f"{avg:.4g}", {"step": step, "loss": loss, "average": avg})
 
     def check_layers(self, step: int, names: list[str], norms: list[float | None]) -> tuple[dict, list]:
         """Flags for one step's per-parameter gradient norms, and events for new flags."""

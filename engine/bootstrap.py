@@ -8,13 +8,19 @@ script's.
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
+import io
 import logging
 import os
 import runpy
 import sys
 import traceback
+import types
+import zipfile
 from pathlib import Path
 
+from .invisible import script_traceback
 from .shared.config import RunConfig
 
 
@@ -27,28 +33,42 @@ def _setup_logging(run_dir: Path) -> None:
     logger.propagate = False
 
 
-def script_traceback(exc: BaseException) -> str:
-    """The traceback as ``python script.py`` would print it: without ptdash's own frames."""
-    tb = exc.__traceback__
-    own = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
-    while tb is not None and os.path.realpath(tb.tb_frame.f_code.co_filename) in own:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
-
-
 def run_target(argv: list[str]) -> dict:
-    """Run ``argv`` (``[script, args...]`` or ``["-m", module, args...]``) as __main__."""
+    """Run ``argv`` (``[script, args...]`` or ``["-m", module, args...]``) as __main__,
+    exactly as ``python`` would: the same ``sys.argv``, ``sys.path[0]``, ``__file__``
+    (absolute), module attributes and, for ``-m``, runpy's own frames in a traceback."""
     if argv[0] == "-m":
         module, args = argv[1], argv[2:]
         sys.argv = [module, *args]
         sys.path[0] = os.getcwd()
-        # alter_sys also sets argv[0] to the module's file, as `python -m` does.
-        return runpy.run_module(module, run_name="__main__", alter_sys=True)
-    else:
-        script, args = argv[0], argv[1:]
-        sys.argv = [script, *args]
-        sys.path[0] = os.path.dirname(os.path.realpath(script))
-        return runpy.run_path(script, run_name="__main__")
+        # What `python -m` itself calls: it sets argv[0] to the module's file, and a
+        # missing module exits with python's one line.
+        runpy._run_module_as_main(module, alter_argv=True)
+        return sys.modules["__main__"].__dict__
+    script, args = argv[0], argv[1:]
+    path = os.path.abspath(script)
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    if os.path.isdir(path) or zipfile.is_zipfile(path):  # a directory or zip with __main__.py
+        return runpy.run_path(path, run_name="__main__")
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins, __spec__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    # In sys.modules, as python has it: pickling the script's classes and DataLoader
+    # workers started with spawn find the script there.
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+    return main.__dict__
+
+
+def print_crash(exc: BaseException) -> str:
+    """Show the script's uncaught exception as python would, through ``sys.excepthook``
+    (the script may have set its own), without ptdash's frames; return its text."""
+    script_traceback(exc)
+    sys.excepthook(type(exc), exc, exc.__traceback__)
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
 def _run_dir(argv: list[str]) -> tuple[Path | None, RunConfig]:
@@ -106,12 +126,11 @@ def main() -> int:
             code = 1
         if code:
             state, detail = "crashed", f"the script exited with code {code}"
-    except KeyboardInterrupt:
-        traceback.print_exc()
+    except KeyboardInterrupt as exc:
+        print_crash(exc)
         state, code, detail = "stopped", 130, "interrupted"
     except BaseException as exc:
-        detail = script_traceback(exc)
-        sys.stderr.write(detail)
+        detail = print_crash(exc)
         state, code = "crashed", 1
         engine.on_crash(exc)
     finally:

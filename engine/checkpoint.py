@@ -122,13 +122,15 @@ def load(path: Path) -> dict:
     return ckpt
 
 
-def apply(ckpt: dict, models, optimizers, schedulers, scalers) -> list[str]:
-    """Load the checkpoint's states into the live objects; return warnings for mismatches."""
-    warnings = []
+def apply(ckpt: dict, models, optimizers, schedulers, scalers) -> tuple[list[str], list[str]]:
+    """Load the checkpoint's states into the live objects; return what was restored and
+    warnings for mismatches."""
+    restored, warnings = [], []
     saved_models = ckpt.get("models", {})
     for name, model in zip(model_names(models), models):
         if name in saved_models:
             unwrap(model).load_state_dict(saved_models[name])
+            restored.append(f"model {name}")
         else:
             warnings.append(f"no saved state for model {name}")
     for kind, live in (("optimizers", optimizers), ("schedulers", schedulers), ("scalers", scalers)):
@@ -137,9 +139,11 @@ def apply(ckpt: dict, models, optimizers, schedulers, scalers) -> list[str]:
             warnings.append(f"checkpoint has {len(saved)} {kind}, the script made {len(live)}")
         for obj, state in zip(live, saved):
             obj.load_state_dict(state)
+            restored.append(f"{kind[:-1]} {type(obj).__name__}")
     if "rng" in ckpt:
         set_rng_state(ckpt["rng"])
-    return warnings
+        restored.append("the RNG states")
+    return restored, warnings
 
 
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
@@ -174,6 +178,8 @@ class Checkpointer:
         self._resume: dict | None = None
         self.start_step = 0
         """The step a resumed run continues from (0 when not resuming)."""
+        self.asked = False
+        """Whether the script asked for ``ptdash.start_step()`` (it then continues exactly)."""
 
     def save(self, step: int, reason: str) -> str:
         """Save now (training thread, every rank); return a one-line summary (rank 0's)."""
@@ -225,9 +231,49 @@ class Checkpointer:
         """Load the checkpoint into the script's objects (at its first forward or step)."""
         ckpt, self._resume = self._resume, None
         d = self._discovery
-        warnings = apply(ckpt, d.ensure_models(), d.live(d.optimizers), d.top_schedulers(), d.live(d.scalers))
-        self._journal.event("run", f"resumed from {self._config.resume} at step {self.start_step}"
-                            + (f" ({'; '.join(warnings)})" if warnings else ""))
+        restored, warnings = apply(ckpt, d.ensure_models(), d.live(d.optimizers), d.top_schedulers(),
+                                   d.live(d.scalers))
+        self._journal.event("run", f"resumed from {self._config.resume} at step {self.start_step}: restored "
+                            f"{', '.join(restored) or 'nothing'}; not restored: where the script's data loop was "
+                            "(it continues exactly only if it starts at ptdash.start_step())"
+                            + (f"; {'; '.join(warnings)}" if warnings else ""), restored=restored, warnings=warnings)
+
+    def after_first_step(self) -> None:
+        """After a resumed run's first step: say so if the script runs its whole loop again."""
+        if self.start_step and not self.asked:
+            self._journal.event("warning", f"the script does not start its loop at ptdash.start_step(): after "
+                                f"resuming at step {self.start_step} it runs its whole loop again, from its first "
+                                "batch; a scheduler restored near its end stops the run cleanly when it runs out")
+
+    def guard_schedulers(self, patches, step) -> None:
+        """A resumed run: a restored scheduler that reaches its end stops the run cleanly.
+
+        The script's loop runs its full length again after a resume unless it starts at
+        ``ptdash.start_step()``, so a OneCycleLR restored at step N would raise "Tried to
+        step ... times" N steps before the loop ends.
+        """
+        original = torch.optim.lr_scheduler.LRScheduler.step
+        checkpointer = self
+
+        @own
+        def step_scheduler(sched, *args, **kwargs):
+            total = getattr(sched, "total_steps", None)
+            if isinstance(total, int) and not isinstance(total, bool) and sched.last_epoch + 1 > total:
+                checkpointer._scheduler_end(sched, total, step())
+            return original(sched, *args, **kwargs)
+
+        step_scheduler.__wrapped__ = original
+        patches.set(torch.optim.lr_scheduler.LRScheduler, "step", step_scheduler)
+
+    def _scheduler_end(self, sched, total: int, step: int) -> None:
+        from .controls import StopTraining
+
+        self._journal.event("run", f"the restored {type(sched).__name__} reached its end ({total} steps) at step "
+                            f"{step}: stopping cleanly instead of letting it raise", step=step, total=total)
+        try:
+            self.save(step, "scheduler end")
+        finally:
+            raise StopTraining()
 
 
 class FirstForward:

@@ -1,8 +1,9 @@
 """Finding what the script made, with no code change: its optimizers, LR schedulers,
 GradScalers and models, and the names of their parameters.
 
-The registries are filled by patches on the classes (``Optimizer.__init__``,
-``LRScheduler.__new__``, ``GradScaler.__init__``) and by ``ptdash.watch``; they hold weak
+The registries are filled by patches on the classes' ``__init__`` (optimizers, LR
+schedulers and GradScalers; a copy made by unpickling is not registered) and by
+``ptdash.watch``; they hold weak
 references, so ptdash never keeps a script's object alive. Models are the outermost
 modules owning the optimizers' parameters, found once by a scan of the garbage
 collector's objects (global forward hooks would cost microseconds per module call and
@@ -18,6 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .invisible import own
 from .patching import Patches
 
 
@@ -36,7 +38,10 @@ class Discovery:
     def attach(self, patches: Patches) -> None:
         """Register every optimizer, scheduler and scaler the script creates from now on."""
         _register_on_init(patches, torch.optim.Optimizer, self.optimizers)
-        _register_on_new(patches, torch.optim.lr_scheduler.LRScheduler, self.schedulers)
+        sched = torch.optim.lr_scheduler
+        # ReduceLROnPlateau, SequentialLR and ChainedScheduler do not call LRScheduler.__init__.
+        for cls in (sched.LRScheduler, sched.ReduceLROnPlateau, sched.SequentialLR, sched.ChainedScheduler):
+            _register_on_init(patches, cls, self.schedulers)
         _register_on_init(patches, torch.amp.GradScaler, self.scalers)
 
     @staticmethod
@@ -89,8 +94,10 @@ def _as_list(x) -> list:
 
 
 def _register_on_init(patches: Patches, cls: type, registry: list) -> None:
+    """Register each object ``cls.__init__`` makes (a copy made by unpickling is not one)."""
     original = cls.__init__
 
+    @own
     def __init__(obj, *args, **kwargs):
         original(obj, *args, **kwargs)
         if not any(r() is obj for r in registry):
@@ -98,17 +105,6 @@ def _register_on_init(patches: Patches, cls: type, registry: list) -> None:
 
     __init__.__wrapped__ = original
     patches.set(cls, "__init__", __init__)
-
-
-def _register_on_new(patches: Patches, cls: type, registry: list) -> None:
-    # __new__ rather than __init__: ReduceLROnPlateau, SequentialLR and ChainedScheduler
-    # do not call LRScheduler.__init__.
-    def __new__(klass, *args, **kwargs):
-        obj = object.__new__(klass)
-        registry.append(weakref.ref(obj))
-        return obj
-
-    patches.set(cls, "__new__", __new__)
 
 
 # ------------------------------------------------------------------------- models

@@ -31,12 +31,13 @@ from . import system
 from .anomalies import Anomalies
 from .checkpoint import Checkpointer
 from .controls import Controls, Settings
-from .discovery import Discovery, model_names, param_names
+from .discovery import Discovery, find_models, model_names, param_names
 from .distributed import Distributed
 from .doctor import Doctor
 from .flusher import Flusher, LayerNaming
 from .hooks import Hooks
 from .journal import Journal
+from .patching import Patches
 from .profiling import Profiler
 from .ranks import RankCollector
 from .recorder import Recorder, UserValues
@@ -80,13 +81,17 @@ class Engine:
         self.controls = Controls(self.settings, self.journal, self.checkpointer.save, self.profiler.start, self.kill,
                                  lambda: self.hooks.last_step_s, self.dist if self.dist.multi else None)
         self.doctor = Doctor(self.journal.event, config, lambda: self.discovery.models, lambda: self.hooks.step,
-                             lambda: self.hooks.loaders.describe())
+                             lambda: self.hooks.loaders.describe(), judge_loss=self.primary)
         self.anomalies = Anomalies(self.journal.event, config.on_anomaly, self.controls.pause_here,
                                    self.controls.submit, lambda: self.controls.paused or self.controls.requested_pause,
                                    lambda params: param_names(self.discovery.models, params))
+        self.anomalies.judge_loss = self.primary  # the loss is the run's: rank 0 judges it once
         self.hooks = Hooks(self.settings, self.controls, self.recorder, self.doctor, self.discovery, self.anomalies,
-                           self.user_values, self._first_step, self._discovered, self._step_end, self._no_step)
+                           self.user_values, self._first_step, self._discovered, self._step_end, self._no_step,
+                           self._new_optimizer)
         self.naming = LayerNaming(self.discovery)
+        self._patches = Patches()
+        """The engine's own patches (the resumed run's scheduler guard)."""
         if self.primary:
             self.store = StoreWriter(self.run_dir / STORE_NAME)
             self.server = Server(
@@ -137,6 +142,7 @@ class Engine:
         self.doctor.attach()
         if self.checkpointer.resuming:
             self.hooks.arm_resume(self.checkpointer.apply_resume)
+            self.checkpointer.guard_schedulers(self._patches, lambda: self.hooks.step)
         if self.primary:
             self.server.start()
             rundir.register(self.info.id, self.run_dir)
@@ -151,6 +157,8 @@ class Engine:
     def finish(self, state: str, exit_code: int, detail: str = "") -> None:
         """Record how the script ended, flush everything, close the socket."""
         global ENGINE
+        if state == "finished":
+            self.hooks.end_manual_step()
         if self.controls.pending.checkpoint and state == "finished":
             try:
                 self.controls.at_save_point(self.hooks.step)
@@ -158,6 +166,7 @@ class Engine:
                 log.exception("final checkpoint failed")
         self.hooks.detach()
         self.doctor.detach()
+        self._patches.undo()
         dist = self.dist
         if dist.ready and self.primary and dist.exchanges:
             steps = max(1, self.hooks.step - self.start_step)
@@ -222,6 +231,13 @@ class Engine:
                                   f"optimizer(s), {len(d.top_schedulers())} scheduler(s)", models=names)
         self.journal.set_state("running" if self.journal.state == "starting" else None)
 
+    def _new_optimizer(self, index: int, opt) -> None:
+        """Another optimizer stepped: its series are opt<index>/..., named after its model."""
+        names = model_names(find_models([opt]))
+        self.journal.event("run", f"optimizer {index} ({type(opt).__name__}) updates {', '.join(names) or 'no model'}: "
+                           f"its series are opt{index}/...", optimizer=index, name=", ".join(names) or None,
+                           **{"class": type(opt).__name__})
+
     def _no_step(self, backwards: int) -> None:
         """Backwards run, and neither an optimizer step nor an update cycle can be seen."""
         self.doctor.report("no-step", f"{backwards} backward() calls and no step: no torch.optim optimizer stepped, "
@@ -230,6 +246,8 @@ class Engine:
     def _step_end(self, step: int) -> None:
         if self.journal.state == "starting":
             self.journal.set_state("running")
+        if step == self.start_step + 1:
+            self.checkpointer.after_first_step()
         if self.profiler.wanted:
             self.profiler.on_step_end(step)
         if self._periodic and self.checkpointer.due(step):

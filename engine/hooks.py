@@ -51,8 +51,7 @@ _perf_counter = time.perf_counter
 _isfinite = math.isfinite
 _FLOAT = {float}
 MAX_LOSSES = 64
-"""Loss references kept for one step; beyond this (a loop of backwards that never steps)
-they are added up on the device, so memory stays flat."""
+"""Loss references kept for one step; beyond this they are added up on the device."""
 
 
 class Hooks:
@@ -64,15 +63,18 @@ class Hooks:
     ``ptdash.log`` gave (``user_values``), and three moments of the lifecycle:
     ``first_step()`` (before the first update: join the rank channel),
     ``discovered(opt)`` (after the first step) and ``step_end(step)``; ``no_step()`` is
-    called once if backwards run and no step can be found.
+    called once if backwards run and no step can be found, ``new_optimizer(k, opt)`` when
+    another optimizer steps for the first time.
     """
 
     def __init__(self, settings, controls, recorder, doctor, discovery, anomalies, user_values,
                  first_step: Callable[[], None], discovered: Callable[[Any], None],
-                 step_end: Callable[[int], None], no_step: Callable[[int], None] = lambda n: None) -> None:
+                 step_end: Callable[[int], None], no_step: Callable[[int], None] = lambda n: None,
+                 new_optimizer: Callable[[int, Any], None] = lambda index, opt: None) -> None:
         self.settings, self.controls, self.recorder, self.doctor = settings, controls, recorder, doctor
         self.discovery, self.anomalies, self.user_values = discovery, anomalies, user_values
         self._first_step, self._discovered_cb, self._step_end, self._no_step = first_step, discovered, step_end, no_step
+        self._new_optimizer = new_optimizer
         self.loaders = Loaders()
         self.loaders.began = self.began
         self.manual = ManualSteps()
@@ -162,10 +164,9 @@ class Hooks:
 
     def _on_models(self, models: list[torch.nn.Module]) -> None:
         """The models changed: the forward timing hook goes on the new first one."""
-        if self._model_hook is not None:
-            self._model_hook.remove()
-            self._model_hook = None
-        self._set_forward_hook(self._forward_on)
+        on = self._forward_on
+        self._set_forward_hook(False)
+        self._set_forward_hook(on)
 
     def _set_forward_hook(self, on: bool) -> None:
         self._forward_on = on
@@ -179,7 +180,7 @@ class Hooks:
     # ---------------------------------------------------------------- boundaries
 
     def began(self) -> None:
-        """Something of step 1 happened (a batch, a forward, a backward): it starts now."""
+        """A batch, a forward or a backward: step 1 starts at the first of them."""
         if self._t_post is None:
             self._t_post = _perf_counter()
 
@@ -215,6 +216,7 @@ class Hooks:
                 self.discovery.add(self.discovery.optimizers, opt)
             else:
                 tracked = Tracked(opt, 1 + sum(t.index > 0 for t in self._tracked.values()))
+                self._new_optimizer(tracked.index, opt)
             self._tracked[id(opt)] = tracked
         return tracked
 
@@ -357,8 +359,7 @@ class Hooks:
     # ---------------------------------------------------------- inferred steps
 
     def optimizer_less(self) -> bool:
-        """Whether the script has made no torch.optim optimizer (one whose steps a
-        GradScaler skips still counts: its steps will come)."""
+        """Whether the script made no torch.optim optimizer (a skipped one still counts)."""
         return not self.discovery.live(self.discovery.optimizers)
 
     def manual_boundary(self) -> None:
@@ -368,11 +369,18 @@ class Hooks:
         self._losses = []
         self.boundary()
 
+    def end_manual_step(self) -> None:
+        """The script ended: no next backward will end its last inferred step."""
+        if self.manual.active and self.main is None and self._losses:
+            per_tensor, total, params, clip_max = self.manual.end_of_step(self.clip_notes.notes, self.settings)
+            self._end_step(None, self._losses, total, per_tensor, params, clip_max, [], _perf_counter())
+            self._losses = []
+
     def after_manual_backward(self) -> None:
         self.manual.after_backward(self.settings, self.anomalies, self.step)
 
     def note_backward_without_step(self) -> None:
-        if self.manual.count_backward():
+        if self.manual.count_backward():  # many backwards, no step of any kind: say so once
             self._no_step(self.manual.backwards)
 
     def _on_forward(self, module, args) -> None:

@@ -58,11 +58,13 @@ class Doctor:
     """Receives the hooks' calls and reports findings as ``finding`` events.
 
     ``event(kind, message, **data)`` journals an event; ``models()`` and ``step()`` give
-    the current models and step; ``loader()`` describes the training DataLoader.
+    the current models and step; ``loader()`` describes the training DataLoader;
+    ``judge_loss`` is False on ranks other than 0, where the loss-based rules stay quiet.
     """
 
     def __init__(self, event: Callable[..., None], config: RunConfig, models: Callable[[], list],
-                 step: Callable[[], int], loader: Callable[[], tuple | None] = lambda: None) -> None:
+                 step: Callable[[], int], loader: Callable[[], tuple | None] = lambda: None,
+                 judge_loss: bool = True) -> None:
         self._event, self._config, self._models = event, config, models
         self._lock = threading.Lock()
         self._reported: set[str] = set()
@@ -76,6 +78,8 @@ class Doctor:
         self.data = DataWatch(self.report, step, loader)
         self.input_bound = InputBound()
         self.trends = Trends(self.report)
+        self._judge_loss = judge_loss
+        """Whether the loss-based rules run here (rank 0 only: one finding per run, not per rank)."""
         self.syncs = SyncSampler()
         self.warnings = PythonWarnings(event, lambda message, frame: self.syncs.on_warning(message, frame))
         self.watching = True
@@ -209,7 +213,8 @@ class Doctor:
         if not rows:
             return
         try:
-            self.trends.on_rows(rows, self._opt_name)
+            if self._judge_loss:
+                self.trends.on_rows(rows, self._opt_name)
             bound = self.input_bound.add(rows)
             if bound:
                 cuda = any(getattr(next(m.parameters(), None), "is_cuda", False) for m in self._models())

@@ -33,10 +33,13 @@ class LrZero:
 
 
 class Plateau:
-    """The loss has not improved for ``max(min_steps, fraction * step)`` steps.
+    """The loss has not improved for ``max(min_steps, fraction * step)`` steps, and is not rising.
 
     Robust against noise: the loss is judged by the median of each block of ``block``
     steps, and a block improves on the best only if it beats it by ``rel_tol`` of its size.
+    A loss that rises (a policy-gradient loss grows as returns do: the latest blocks above
+    the best by more than the loss's own noise) is not meant to descend: it never makes a
+    plateau.
     """
 
     def __init__(self, block: int = 50, min_steps: int = 500, fraction: float = 0.3, rel_tol: float = 0.01) -> None:
@@ -46,6 +49,8 @@ class Plateau:
         self.best: float | None = None
         self.best_steps: tuple[int, int] | None = None
         self.last: float | None = None
+        self._noise: list[float] = []
+        """The spread (median absolute deviation) inside each block so far."""
 
     def add(self, rows: list) -> dict | None:
         """Feed a flush's rows; what was seen once the loss has plateaued."""
@@ -57,16 +62,22 @@ class Plateau:
                 self._block_start = step
             self._values.append(loss)
             if len(self._values) >= self.block:
-                self.last = statistics.median(self._values)
+                self.last = median = statistics.median(self._values)
+                self._noise.append(statistics.median(abs(v - median) for v in self._values))
                 if self.best is None or self.last < self.best - self.rel_tol * abs(self.best):
                     self.best, self.best_steps = self.last, (self._block_start, step)
                 self._values, self._block_start = [], None
             if self.best_steps is not None:
                 stale = step - self.best_steps[1]
-                if stale >= max(self.min_steps, self.fraction * step):
+                if stale >= max(self.min_steps, self.fraction * step) and not self._rising():
                     return {"best": self.best, "best_steps": list(self.best_steps), "now": self.last,
                             "step": step, "stale_steps": stale}
         return None
+
+    def _rising(self) -> bool:
+        """The latest block sits above the best by more than the loss's own noise."""
+        noise = statistics.median(self._noise) if self._noise else 0.0
+        return self.last is not None and self.last > self.best + max(2 * self.rel_tol * abs(self.best), noise)
 
 
 class Trends:

@@ -83,6 +83,28 @@ class Run:
         with self.store() as s:
             return s.series(name)
 
+    def walls(self) -> dict[int, float]:
+        """Step -> the wall time it ended, as the engine recorded it."""
+        with self.store() as s:
+            return dict(zip(*s.walls()))
+
+    def resume_after_hold(self, paused: Ack, hold: float = 0.5) -> Ack:
+        """Resume the run ``paused`` paused, after checking by the steps' own end times
+        that none ran while it was paused: a slow flusher or a busy machine cannot fail
+        this, a step that trained during the pause always does."""
+        assert paused.ok, paused.message
+        self.wait_step(paused.step)
+        time.sleep(hold)  # a pause worth the name; the check does not depend on it
+        sent = time.time()
+        ack = self.send("resume")
+        assert ack.ok and ack.step == paused.step, ack
+        self.wait_step(paused.step + 1)
+        walls = self.walls()
+        assert max(w for s, w in walls.items() if s <= paused.step) < sent, "a step ended while paused"
+        assert min(w for s, w in walls.items() if s > paused.step) >= sent, "a step ended while paused"
+        assert sorted(walls) == list(range(min(walls), max(walls) + 1))
+        return ack
+
     def wait_step(self, n: int, timeout: float = 60) -> int:
         return wait_for(lambda: self.last_step() >= n and self.last_step(), timeout, what=f"step {n}")
 
