@@ -17,7 +17,18 @@ from pathlib import Path
 from ptdash.shared import rundir
 from ptdash.shared.client import Client
 from ptdash.shared.config import RunInfo
-from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Status, TransportError
+from ptdash.shared.protocol import (
+    ENDED,
+    Ack,
+    Command,
+    Event,
+    LayerNames,
+    Layers,
+    Metrics,
+    Schedule,
+    Status,
+    TransportError,
+)
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME, StoreError
 
@@ -182,7 +193,7 @@ class LiveSource(Source):
                 msg = self._filter(msg)
                 if msg is not None:
                     post(msg)
-            elif isinstance(msg, (Layers, LayerNames)):
+            elif isinstance(msg, (Layers, LayerNames, Schedule)):
                 post(msg)
             elif isinstance(msg, Event):
                 if (msg.wall, msg.message) not in self._backfilled_events:
