@@ -47,7 +47,7 @@ def _run_parser() -> argparse.ArgumentParser:
         usage="ptdash [options] (script.py | -m module | demo) [args...]\n"
               "       ptdash attach [RUN] | show RUN | ls | doctor [RUN] | ctl [RUN] COMMAND [VALUE]",
         epilog="Keys in the dashboard: space pause/resume, c checkpoint, g clip norm, l LR factor, "
-               "p profile, s stop, q quit, ? help.")
+               "p profile, s stop, q quit, + - 0 zoom, , . cursor, e smoothing, y log scale, ? help.")
     p.add_argument("--version", action="version", version=f"ptdash {__version__}")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     p.add_argument("--headless", action="store_true",

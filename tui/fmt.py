@@ -44,7 +44,8 @@ def fmt_si(value: float | None, digits: int = 3) -> str:
         return _exponent(value, digits)
     for scale, prefix in _SI:
         if mag >= scale * 0.9995:
-            return f"{value / scale:.{digits}g}{prefix}"
+            scaled = value / scale  # 1 to 999: enough digits for the integer part (100k, not 1e+02k)
+            return f"{scaled:.{max(digits, len(str(int(abs(round(scaled, digits))))))}g}{prefix}"
     if mag >= 1:
         # Never fall into exponent form for the integer digits: 100, not 1e+02.
         return f"{value:.{max(digits, int(math.log10(mag)) + 1)}g}"

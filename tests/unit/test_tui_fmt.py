@@ -23,6 +23,7 @@ def test_fmt_si(value, text):
 
 def test_fmt_si_digits():
     assert fmt_si(100, 2) == "100"
+    assert fmt_si(1e5, 2) == "100k" and fmt_si(2.5e8, 1) == "250M"  # never 1e+02k
     assert fmt_si(2.7994, 4) == "2.799"
     assert fmt_si(0.0027994, 2) == "2.8e-3"
 
