@@ -45,6 +45,9 @@ FAILURES = 3
 BY_HAND = "set by hand"
 """The note of a schedule the script sets itself (no scheduler, or not the scheduler's values)."""
 
+_LR = "opt/lr/group"
+"""The main optimizer's per-group LRs in a step row: ``opt/lr/group<i>``."""
+
 _CHUNK = 2048
 """Scheduler steps simulated between two yields of the GIL to the training thread."""
 
@@ -177,7 +180,7 @@ class SchedulePreview:
         changed, self._scale = self._scale is not None and scale != self._scale, scale
         newest = None
         for step, _, values in rows:
-            lrs = [v for k, v in sorted(values.items()) if k.startswith("opt/lr/group")]
+            lrs = [v for _, v in sorted((int(k[len(_LR):]), v) for k, v in values.items() if k.startswith(_LR))]
             if not lrs:
                 continue
             self._step = max(self._step, step)

@@ -26,11 +26,11 @@ class Discovery:
 class Loop:
     """A training loop as a script writes it, recording rows as ptdash's hooks do."""
 
-    def __init__(self, make=None, sched_every: int = 1, total: int | None = None, scale: float = 1.0):
+    def __init__(self, make=None, sched_every: int = 1, total: int | None = None, scale: float = 1.0,
+                 groups: int = 2):
         torch.manual_seed(0)
-        self.model = torch.nn.Linear(2, 1)
-        self.opt = torch.optim.SGD([{"params": [self.model.weight]}, {"params": [self.model.bias], "lr": 0.01}],
-                                   lr=0.1)
+        self.params = [torch.nn.Parameter(torch.ones(2)) for _ in range(groups)]
+        self.opt = torch.optim.SGD([{"params": [p], "lr": 0.1 / 10 ** i} for i, p in enumerate(self.params)], lr=0.1)
         self.discovery = Discovery()
         self.sched = make(self.opt) if make else None
         if self.sched is not None:
@@ -52,7 +52,7 @@ class Loop:
             lrs = [g["lr"] for g in self.opt.param_groups]
             self.used[self.step_no] = lrs
             self.opt.zero_grad()
-            self.model(torch.ones(1, 2)).sum().backward()
+            sum(p.pow(2).sum() for p in self.params).backward()
             self.opt.step()
             rows.append([self.step_no, 0.0, {f"opt/lr/group{i}": lr * self.scale for i, lr in enumerate(lrs)}])
             if self.sched is not None and self.step_no % self.sched_every == 0:
@@ -92,6 +92,13 @@ def test_a_per_step_cosine_is_previewed_to_its_end():
     assert msg.steps[0] <= 41 and msg.steps[-1] >= 400 and len(msg.steps) <= 480
     assert check(msg, loop.future(400)) > 300
     assert loop.preview.latest is msg
+
+
+def test_many_param_groups_keep_their_order():
+    loop = Loop(lambda o: L.CosineAnnealingLR(o, T_max=200), groups=12)  # group10 sorts before group2 as text
+    sent = loop.flushes(6, 5)
+    assert [m.note for m in sent] == [""] and len(sent[0].lrs) == 12
+    assert check(sent[0], loop.future(200)) > 100
 
 
 def test_one_cycle_with_an_lr_factor():
