@@ -95,7 +95,8 @@ class Engine:
                         world_size=self.dist.world_size),
                 on_command=self.controls.submit, on_connect=self._greeting)
         self.preview = (SchedulePreview(self.discovery, lambda: self.hooks.main() if self.hooks.main else None,
-                                        lambda: self.settings.lr_scale, lambda: self.journal.total_steps,
+                                        lambda: self.hooks.step, lambda: self.settings.lr_scale,
+                                        lambda: self.journal.total_steps,
                                         on_end=self._schedule_end) if self.primary else None)
         ranks = (RankCollector(self.dist, self.store, self._publish, self.journal.event, lambda: self.journal.state,
                                config.stall_seconds) if self.primary and self.dist.multi else None)

@@ -69,23 +69,22 @@ class _Preview:
     """The scheduler's own end (schedule.natural_end), in its steps."""
     generation: int
     """Which scheduler it is of (a preview of one no longer followed is dropped)."""
-    recorded: list | None
-    """The newest step's LRs when it was copied."""
     verified: bool = False
 
 
 class SchedulePreview:
     """Keeps the main optimizer's schedule ahead; the flusher sends what ``observe`` returns.
 
-    ``main()`` is the main optimizer (or None), ``lr_scale()`` the live LR factor,
-    ``run_end()`` the optimizer step the run is known to end at (or None); ``on_end(step)``
-    is told where a schedule ends, for the run's total.
+    ``main()`` is the main optimizer (or None), ``step()`` the optimizer steps done so far
+    (the training thread's count, read as the scheduler is), ``lr_scale()`` the live LR
+    factor, ``run_end()`` the optimizer step the run is known to end at (or None);
+    ``on_end(step)`` is told where a schedule ends, for the run's total.
     """
 
-    def __init__(self, discovery, main: Callable[[], Any], lr_scale: Callable[[], float],
+    def __init__(self, discovery, main: Callable[[], Any], step: Callable[[], int], lr_scale: Callable[[], float],
                  run_end: Callable[[], int | None], on_end: Callable[[int], None] = lambda step: None) -> None:
-        self._discovery, self._main, self._lr_scale, self._run_end, self._on_end = (
-            discovery, main, lr_scale, run_end, on_end)
+        self._discovery, self._main, self._steps, self._lr_scale, self._run_end, self._on_end = (
+            discovery, main, step, lr_scale, run_end, on_end)
         self.latest: Schedule | None = None
         """The newest message (sent to a dashboard that connects later)."""
         self._followed: weakref.ref | None = None
@@ -104,6 +103,8 @@ class SchedulePreview:
         """(optimizer step, scheduler count) where the scheduler's count was seen to move."""
         self._seen_count: int | None = None
         self._ratio: float | None = None
+        self._offset: int | None = None
+        """The scheduler's count less the optimizer's steps, between two steps (once a step)."""
         self._lock = threading.Lock()
         self._job: tuple | None = None
         self._done: _Preview | None = None
@@ -135,8 +136,9 @@ class SchedulePreview:
             return self._note(self._reason)
         if self.latest is not None and self.latest.note:
             return []  # said once for this scheduler: the LR is not its doing
-        count = schedule.counter(sched)
-        moved = self._count_moved(count)
+        # Read together: the training thread steps the scheduler meanwhile.
+        now, count, last = self._steps(), schedule.counter(sched), schedule.last_lrs(sched)
+        moved = self._count_moved(count, now)
         previous, self._recorded = self._recorded, recorded or self._recorded
         # An LR that changes while the scheduler's count stands still is set by something else.
         if not moved and recorded and previous and not _close(recorded, previous):
@@ -157,7 +159,7 @@ class SchedulePreview:
             out += self._message(done)
         preview = self._preview
         if preview is not None:
-            verdict = self._matches(preview, count, schedule.last_lrs(sched), recorded)
+            verdict = self._matches(preview, count, last, recorded)
             if verdict is False:
                 self._failures = 1 if preview.verified else self._failures + 1
                 self._preview = None
@@ -167,7 +169,7 @@ class SchedulePreview:
                 preview.verified = True
                 self._failures = 0
         if self._preview is None and not self._pending and self._ratio is not None:
-            self._request(sched, count, recorded)
+            self._request(sched)
         return out
 
     def _newest_lrs(self, rows: list) -> list | None:
@@ -194,19 +196,22 @@ class SchedulePreview:
         self._followed = weakref.ref(sched)
         self._reason = schedule.why_not(sched)
         self._preview, self._failures, self._unexplained = None, 0, 0
-        self._changes, self._seen_count, self._ratio = [], None, None
+        self._changes, self._seen_count, self._ratio, self._offset = [], None, None, None
         self._generation += 1  # a preview of the old scheduler still being computed is dropped
         self._pending = False
         if self.latest is not None and self.latest.note:
             self.latest = None  # a new scheduler: what was said of the old one no longer holds
 
-    def _count_moved(self, count: int) -> bool:
+    def _count_moved(self, count: int, now: int) -> bool:
         """Whether the scheduler's count moved since the last flush; measures optimizer steps
-        per scheduler step from where it moved."""
+        per scheduler step from where it moved, and how the count sits against the steps."""
         moved = self._seen_count is not None and count != self._seen_count
         if moved:
-            self._changes = (self._changes + [(self._step, count)])[-2:]
+            self._changes = (self._changes + [(now, count)])[-2:]
         self._seen_count = count
+        # Read between an optimizer step and its scheduler step, the count is one short:
+        # the largest difference seen is the one between steps.
+        self._offset = count - now if self._offset is None else max(self._offset, count - now)
         if not self._changes:
             return moved
         (n0, e0), (n1, e1) = self._changes if len(self._changes) == 2 else ((0, 0), self._changes[0])
@@ -220,22 +225,27 @@ class SchedulePreview:
         return moved
 
     def _matches(self, preview: _Preview, count: int, last: list[float], recorded: list | None) -> bool | None:
-        """Whether the scheduler and the step records still follow ``preview`` (None: cannot tell)."""
+        """Whether the scheduler and the step records still follow ``preview`` (None: cannot tell).
+
+        The scheduler's LRs are those of its count (or of the step before: it may be inside
+        ``step()``); the newest record's are those the preview places at its step. Each
+        within one step either way, as the placement and the reads are.
+        """
         i = count - preview.base
-        if i < 0 or (i >= len(preview.lrs) and not preview.ended):
-            return False
-        if i >= len(preview.lrs):
-            return None  # past the end of a schedule that ended
         lrs = preview.lrs
-        if not (_close(last, lrs[i]) or (i > 0 and _close(last, lrs[i - 1]))):
+        if i < 0 or (i >= len(lrs) and not preview.ended):
             return False
-        if recorded is not None and i >= 2:
-            # The newest record is from the step before the scheduler's last one or two.
-            if not any(_close(recorded, lrs[j]) for j in (i, i - 1, i - 2)):
+        if i >= len(lrs):
+            return None  # past the end of a schedule that ended
+        if not any(_close(last, lrs[j]) for j in (i - 1, i, i + 1) if 0 <= j < len(lrs)):
+            return False
+        at = math.floor((self._step - preview.first_step) / (self._ratio or 1.0))
+        if recorded is not None and 0 <= at < len(lrs):
+            if not any(_close(recorded, lrs[j]) for j in (at - 1, at, at + 1) if 0 <= j < len(lrs)):
                 return False
         return True
 
-    def _request(self, sched, count: int, recorded: list | None) -> None:
+    def _request(self, sched) -> None:
         """Copy the scheduler (here: cheap) and queue the stepping of the copy (there: long)."""
         for _ in range(3):
             before = (schedule.counter(sched), id(getattr(sched, "_last_lr", None)))
@@ -251,7 +261,8 @@ class SchedulePreview:
         else:
             return
         ratio = self._ratio or 1.0
-        first = self._step + 1
+        # Once a step, the LRs of count c are those of optimizer step c - offset + 1.
+        first = before[0] - (self._offset or 0) + 1
         if ratio > 1 and self._changes:
             # The current LRs hold from the scheduler's last step on: where the records show
             # the LR moving, else just after the flush that saw the count move.
@@ -265,7 +276,7 @@ class SchedulePreview:
             ahead = end - before[0] + 1
         else:
             ahead = max(8, math.ceil(AHEAD_STEPS / ratio))
-        job = _Preview(before[0], [], False, self._step, first, end, self._generation, recorded)
+        job = _Preview(before[0], [], False, self._step, first, end, self._generation)
         self._pending = True
         with self._lock:
             self._job = (copy_, min(ahead, MAX_AHEAD), job)
@@ -277,11 +288,6 @@ class SchedulePreview:
 
     def _message(self, preview: _Preview) -> list[Schedule]:
         ratio = self._ratio or 1.0
-        lrs = preview.lrs
-        if ratio == 1 and preview.recorded is not None and len(lrs) > 1 and _close(preview.recorded, lrs[0]) \
-                and not _close(lrs[0], lrs[1]):
-            # The newest step used the scheduler's current LRs: it had not stepped yet when copied.
-            preview.first_step = preview.step
 
         def step_of(i: int) -> int:
             return preview.first_step + round(i * ratio)

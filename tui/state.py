@@ -90,7 +90,8 @@ class RunState:
 
     @property
     def total_steps(self) -> int | None:
-        """The step the run ends at, when known: the engine's (a scheduler's length, ``--steps``), else run.json's config."""
+        """The step the run ends at, when known: the engine's (a scheduler's length, ``--steps``),
+        else run.json's config."""
         if self.status is not None and self.status.total_steps:
             return self.status.total_steps
         return self.info.config.steps if self.info is not None else None
@@ -264,11 +265,14 @@ class RunState:
         if not ack.ok:
             text, level = f"{command_text} refused: {ack.message}", "error"
         elif ack.name == "checkpoint" and ack.message:
-            text, level, kind = f"{where}checkpoint: {ack.message}", "ok", "checkpoint"
+            text, level, kind = f"{where}checkpoint {ack.message}", "ok", "checkpoint"
             self._drop(lambda e: e.kind == "checkpoint" and e.step == ack.step and e.command_id is None)
+        elif ack.message and ack.name not in ("pause", "resume"):
+            # The engine's words say what changed ("clip norm 1 -> 0.5 from step 541"): first,
+            # so a narrow pane still shows them.
+            text, level = f"{where}{ack.message}", "ok"
         else:
-            detail = f" ({ack.message})" if ack.message and ack.name not in ("pause", "resume") else ""
-            text, level = f"{where}{command_text} applied{detail}", "ok"
+            text, level = f"{where}{command_text} applied", "ok"
         line = next((e for e in reversed(self.events) if e.command_id == ack.id), None)
         if line is None:
             line = EventLine(time.time(), ack.step, text, level, kind, ack.id)
@@ -305,7 +309,8 @@ class RunState:
         where = f"step {step} " if step is not None else ""
         if event.rank:
             where += f"rank {event.rank} "
-        what = f"⚑ doctor: {message}" if kind == "finding" else f"{kind}: {message}"
+        what = {"finding": f"⚑ doctor: {message}", "checkpoint": f"checkpoint {message}"}.get(
+            kind, f"{kind}: {message}")
         line = EventLine(wall or time.time(), step, f"{where}{what}", level, kind)
         self.events.append(line)
         return line

@@ -38,8 +38,8 @@ class Loop:
         self.sched_every, self.scale, self.step_no = sched_every, scale, 0
         self.used: dict[int, list[float]] = {}
         self.ends: list[int] = []
-        self.preview = SchedulePreview(self.discovery, lambda: self.opt, lambda: self.scale, lambda: total,
-                                       on_end=self.ends.append)
+        self.preview = SchedulePreview(self.discovery, lambda: self.opt, lambda: self.step_no, lambda: self.scale,
+                                       lambda: total, on_end=self.ends.append)
         self.by_hand = None
 
     def steps(self, n: int) -> list:
@@ -59,11 +59,17 @@ class Loop:
                 self.sched.step(*([1.0] if isinstance(self.sched, L.ReduceLROnPlateau) else []))
         return rows
 
-    def flushes(self, count: int, per_flush: int) -> list:
-        """``count`` flushes of ``per_flush`` steps each; every Schedule message sent."""
-        sent = []
+    def flushes(self, count: int, per_flush: int, behind: int = 0) -> list:
+        """``count`` flushes of ``per_flush`` steps each; every Schedule message sent.
+
+        With ``behind``, the training thread takes that many more steps between the flush's
+        drain and its look at the scheduler (their rows come with the next flush).
+        """
+        sent, late = [], []
         for _ in range(count):
-            sent += self.preview.observe(self.steps(per_flush))
+            rows = late + self.steps(per_flush)
+            late = self.steps(behind)
+            sent += self.preview.observe(rows)
             assert self.preview.wait()
         return sent
 
@@ -99,6 +105,13 @@ def test_many_param_groups_keep_their_order():
     sent = loop.flushes(6, 5)
     assert [m.note for m in sent] == [""] and len(sent[0].lrs) == 12
     assert check(sent[0], loop.future(200)) > 100
+
+
+def test_a_flusher_behind_the_training_thread_is_not_by_hand():
+    loop = Loop(lambda o: L.OneCycleLR(o, max_lr=0.1, total_steps=2000))
+    sent = loop.flushes(30, 20, behind=4)
+    assert [m.note for m in sent] == [""]  # one preview, never a note
+    assert check(sent[0], loop.future(2000)) > 300
 
 
 def test_one_cycle_with_an_lr_factor():

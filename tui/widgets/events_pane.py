@@ -13,10 +13,16 @@ LEVEL_STYLES = {"ok": "green", "error": "bold red", "warning": "yellow", "dim": 
                 "finding": "bold magenta"}
 
 
-def event_text(line: EventLine) -> Text:
-    """``12:01:03 step 540 clip 0.5 applied`` styled by level."""
-    stamp = time.strftime("%H:%M:%S", time.localtime(line.wall))
-    return Text.assemble((stamp + " ", "dim"), (line.text, LEVEL_STYLES.get(line.level, "")))
+STAMP_FROM = 48
+"""The narrowest pane whose lines start with the time; a narrower one gives the room to what happened."""
+
+
+def event_text(line: EventLine, width: int = STAMP_FROM) -> Text:
+    """``12:01:03 step 540 clip 0.5 applied`` styled by level (without the time in a narrow pane)."""
+    text = Text(line.text, LEVEL_STYLES.get(line.level, ""))
+    if width >= STAMP_FROM:
+        text = Text.assemble((time.strftime("%H:%M:%S ", time.localtime(line.wall)), "dim"), text)
+    return text
 
 
 class EventsPane(FollowLog[EventLine]):
@@ -31,7 +37,7 @@ class EventsPane(FollowLog[EventLine]):
         self.border_title = "events"
 
     def line(self, item: EventLine) -> Text:
-        return event_text(item)
+        return event_text(item, self.scrollable_content_region.width)
 
     def add(self, lines: list[EventLine]) -> None:
         """Show new event lines below the others."""
