@@ -173,8 +173,20 @@ def twin(sched: Any) -> Any:
             own["lr"] = copy.deepcopy(last[i])
         groups.append(own)
     stand_in = _StandIn(groups, {k: copy.deepcopy(v) for k, v in opt.defaults.items() if k != "params"})
-    memo = {id(opt): stand_in}
-    return copy.deepcopy(sched, memo)
+    memo: dict = {id(opt): stand_in}
+    # Shells made with object.__new__, not deepcopy's ``cls.__new__``: ptdash's discovery
+    # registers every scheduler created through that, and a copy is no scheduler of the
+    # script's (a checkpoint would save it).
+    originals = []
+    stack = [sched]
+    while stack:
+        one = stack.pop()
+        memo[id(one)] = object.__new__(type(one))
+        originals.append(one)
+        stack.extend(getattr(one, "_schedulers", None) or ())
+    for one in originals:
+        vars(memo[id(one)]).update(copy.deepcopy(vars(one), memo))
+    return memo[id(sched)]
 
 
 def simulate(sched: Any, count: int) -> tuple[list[list[float]], bool]:

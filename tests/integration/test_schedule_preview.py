@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from ptdash.shared import rundir
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME
@@ -32,3 +35,29 @@ def test_an_lr_set_by_hand_says_so(tmp_path):
         schedule = store.schedule()
     assert schedule is not None and schedule.note == "set by hand" and schedule.steps == []
     assert rundir.read_info(tmp_path / "run").total_steps == 300  # --steps
+
+
+UNREGISTERED = """
+import torch
+from torch.optim import lr_scheduler as L
+from ptdash import schedule
+from ptdash.discovery import Discovery
+from ptdash.patching import Patches
+
+discovery = Discovery()
+discovery.attach(Patches())  # as the engine does: every scheduler created is registered
+opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+sched = L.SequentialLR(opt, [L.LinearLR(opt, 0.1, total_iters=5), L.StepLR(opt, 3)], milestones=[5])
+registered = discovery.live(discovery.schedulers)
+copy_ = schedule.twin(sched)
+assert copy_._schedulers[0] is not sched._schedulers[0]
+assert discovery.live(discovery.schedulers) == registered, "a copy was registered"
+print("ok")
+"""
+
+
+def test_the_copy_is_not_registered_as_a_scheduler_of_the_script():
+    """Discovery registers every scheduler created, and checkpoints save them all: a copy
+    must not be one. In a fresh interpreter: the patch cannot be undone cleanly in this one."""
+    out = subprocess.run([sys.executable, "-c", UNREGISTERED], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
