@@ -63,11 +63,11 @@ def build(root: Path, steps: int) -> tuple[Path, dict]:
     t0, cpu0 = time.perf_counter(), time.process_time()
     for first in range(1, steps + 1, FLUSH_STEPS):
         rows = [synthetic_row(s, rng, start + s * 0.001, steps) for s in range(first, min(steps, first + FLUSH_STEPS - 1) + 1)]
-        extra = []
+        samples = []
         if first // SYSTEM_EVERY != (first + FLUSH_STEPS - 1) // SYSTEM_EVERY:
-            extra = [[rows[-1][0], rows[-1][1], {"host/cpu_pct": 50 + 10 * rng.random(), "host/rss_bytes": 2.1e9}]]
-        writer.write(rows=rows, extra=extra)
-        rows_written += sum(len(r[2]) for r in rows) + sum(len(r[2]) for r in extra)
+            samples = [[rows[-1][1], {"host/cpu_pct": 50 + 10 * rng.random(), "host/rss_bytes": 2.1e9}]]
+        writer.write(rows=rows, samples=samples)
+        rows_written += sum(len(r[2]) for r in rows) + sum(len(r[1]) for r in samples)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     writer.write(events=[Event(kind="run", step=0, wall=start, message="started"),
                          Event(kind="run", step=steps, wall=start + steps * 0.001, message="finished")])

@@ -38,6 +38,7 @@ from .flusher import Flusher, LayerNaming
 from .hooks import Hooks
 from .journal import Journal
 from .patching import Patches
+from .preview import SchedulePreview
 from .profiling import Profiler
 from .ranks import RankCollector
 from .recorder import Recorder, UserValues
@@ -99,12 +100,17 @@ class Engine:
                 Welcome(run_id=self.info.id, run_dir=str(self.run_dir), pid=os.getpid(),
                         world_size=self.dist.world_size),
                 on_command=self.controls.submit, on_connect=self._greeting)
+        self.preview = (SchedulePreview(self.discovery, lambda: self.hooks.main() if self.hooks.main else None,
+                                        lambda: self.hooks.step, lambda: self.settings.lr_scale,
+                                        lambda: self.journal.total_steps,
+                                        on_end=self._schedule_end) if self.primary else None)
         ranks = (RankCollector(self.dist, self.store, self._publish, self.journal.event, lambda: self.journal.state,
                                config.stall_seconds) if self.primary and self.dist.multi else None)
         self.flusher = Flusher(self.recorder, self.journal, self.doctor, self.anomalies, self.naming,
                                system.SystemSampler(), self._publish, store=self.store,
                                push=None if self.primary else self.dist.push, ranks=ranks,
-                               interval=config.flush_interval, step_seconds=lambda: self.hooks.last_step_s)
+                               interval=config.flush_interval, step_seconds=lambda: self.hooks.last_step_s,
+                               schedule=self.preview)
         self._periodic = bool(config.checkpoint_every or config.checkpoint_every_s)
         """Whether each step end checks for a periodic checkpoint."""
 
@@ -118,9 +124,10 @@ class Engine:
             self.server.publish(msg)
 
     def _greeting(self) -> list:
-        """What a dashboard gets after the Welcome: the status, and the parameter names."""
+        """What a dashboard gets after the Welcome: the status, the parameter names, the schedule ahead."""
         names = self.naming.names
-        return [self.journal.status()] + ([names] if names is not None else [])
+        schedule = self.preview.latest if self.preview is not None else None
+        return [self.journal.status()] + [m for m in (names, schedule) if m is not None]
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -135,6 +142,7 @@ class Engine:
             if self.config.lr_scale is None:
                 self.settings.lr_scale = saved.get("lr_scale", 1.0)
         self.hooks.step = self.start_step
+        self.journal.total_steps = self.config.steps
         self.hooks.update_ratio_every = self.config.update_ratio_every
         if self.config.memory_history:
             system.memory_history_start()
@@ -178,6 +186,8 @@ class Engine:
         self.journal.event("run", f"{state} with exit code {exit_code}" + (f": {detail.splitlines()[-1]}" if detail else ""))
         self.flusher.stop()
         self.flusher.flush(self.flusher.sample())
+        if self.preview is not None:
+            self.preview.close()
         if self.primary:
             self.server.stop()
             self.store.close()
@@ -224,7 +234,7 @@ class Engine:
         """After the first step: name what was found, learn the schedule length."""
         d = self.discovery
         total = d.total_steps()
-        if total is not None:
+        if total is not None and self.config.steps is None:
             self.journal.total_steps = total
         names = model_names(d.models)
         self.journal.event("run", f"found model {', '.join(names) or 'none'}, {len(d.live(d.optimizers))} "
@@ -242,6 +252,11 @@ class Engine:
         """Backwards run, and neither an optimizer step nor an update cycle can be seen."""
         self.doctor.report("no-step", f"{backwards} backward() calls and no step: no torch.optim optimizer stepped, "
                            "and the gradients were never cleared between backward() calls")
+    def _schedule_end(self, step: int) -> None:
+        """A previewed schedule ends at ``step`` (flusher thread): the run's total, unless
+        ``--steps`` or a OneCycleLR said. Sent with the next status, written with the next state."""
+        if self.config.steps is None and self.discovery.total_steps() is None:
+            self.journal.total_steps = step
 
     def _step_end(self, step: int) -> None:
         if self.journal.state == "starting":
@@ -261,5 +276,5 @@ class Engine:
     def watch(self, model=None, optimizer=None, scheduler=None, scaler=None) -> None:
         self.discovery.watch(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
         total = self.discovery.total_steps()
-        if total is not None:
+        if total is not None and self.config.steps is None:
             self.journal.total_steps = total

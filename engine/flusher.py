@@ -55,15 +55,18 @@ class Flusher:
 
     ``publish`` sends to the dashboards (rank 0) and ``store`` writes (rank 0); ``push``
     hands a flush to rank 0 (other ranks); ``ranks`` collects the other ranks (rank 0
-    of a multi-rank run).
+    of a multi-rank run); ``schedule`` (preview.SchedulePreview, rank 0) is shown each
+    flush's rows and says what to send about the LR schedule ahead.
     """
 
     def __init__(self, recorder: Recorder, journal, doctor, anomalies, naming: LayerNaming, sampler,
                  publish: Callable[[Message], None], store=None, push: Callable[[dict], None] | None = None,
-                 ranks=None, interval: float = 0.25, step_seconds: Callable[[], float] = lambda: 0.0) -> None:
+                 ranks=None, interval: float = 0.25, step_seconds: Callable[[], float] = lambda: 0.0,
+                 schedule=None) -> None:
         self._recorder, self._journal, self._doctor, self._anomalies = recorder, journal, doctor, anomalies
         self._naming, self._sampler, self._publish, self._store = naming, sampler, publish, store
         self._push, self._ranks, self._interval, self._step_seconds = push, ranks, interval, step_seconds
+        self._schedule = schedule
         self._stop = threading.Event()
         self._soon = threading.Event()
         self._thread: threading.Thread | None = None
@@ -114,6 +117,7 @@ class Flusher:
     def flush(self, sample: list | None = None) -> None:
         """Move everything recorded to the store and the dashboards."""
         rows, layer_rows = self._recorder.drain()
+        schedules = self._schedule_ahead(rows)
         self._doctor.on_flush(rows, layer_rows, _to_host)
         self._anomalies.check_rows(rows)
         stored, live = self._layers(layer_rows)
@@ -123,16 +127,26 @@ class Flusher:
             if rows or events or samples:
                 self._push({"rows": rows, "events": [to_dict(e) for e in events], "samples": samples})
             return
-        if self._store is not None and (rows or events or stored or samples):
-            self._store.write(rows=rows, events=events, layers=stored, samples=samples)
+        if self._store is not None and (rows or events or stored or samples or schedules):
+            self._store.write(rows=rows, events=events, layers=stored + schedules, samples=samples)
         if rows:
             self._publish(Metrics(rows=rows))
         if samples:
             self._publish(Samples(rows=samples))
-        for msg in live:
+        for msg in live + schedules:
             self._publish(msg)
         if self._ranks is not None:
             self._ranks.collect(rows)
+
+    def _schedule_ahead(self, rows: list) -> list:
+        """What to send about the LR schedule ahead; a failure there must not lose the rows."""
+        if self._schedule is None:
+            return []
+        try:
+            return self._schedule.observe(rows)
+        except Exception:
+            log.exception("schedule preview failed")
+            return []
 
     def _layers(self, layer_rows: list) -> tuple[list, list]:
         """The flush's per-layer messages to store and to send: new names, then the newest

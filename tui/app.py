@@ -18,21 +18,22 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Samples, Status
+from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Samples, Schedule, Status
 
 from .compare import Comparison
-from .fmt import command_text, fmt_si
+from .fmt import command_text, fmt_num
 from .messages import SourceUpdate
 from .source import Backfill, Connection, History, InfoChanged, LogLines, Source, new_command_id
 from .state import EventLine, RunState
-from .tabs import doctor, profiler, ranks, system
+from .tabs import doctor, overview, profiler, ranks, system
+from .view import ChartView
 from .widgets.events_pane import EventsPane
 from .widgets.header import RunHeader
-from .widgets.help_screen import HelpScreen
+from .widgets.help_screen import HelpScreen, key_rows
 from .widgets.layers_view import LayersView
 from .widgets.log_pane import LogPane
 from .widgets.oom_screen import OomScreen
-from .widgets.overview import Overview
+from .widgets.overview import CHART_BINDINGS, Overview
 from .widgets.quit_dialog import QuitDialog
 from .widgets.ranks_view import RanksView
 from .widgets.report_view import ReportView
@@ -65,6 +66,7 @@ class DashboardApp(App[str]):
         Binding("q", "quit", "Quit", id="quit"),
         Binding("t", "toggle_time", "By time/step", id="compare.time"),
         Binding("question_mark", "help", "Help", key_display="?", id="help"),
+        *CHART_BINDINGS,
         Binding("1", "show_tab('overview')", "Overview tab", id="tab.overview", show=False),
         Binding("2", "show_tab('layers')", "Layers tab", id="tab.layers", show=False),
         Binding("3", "show_tab('system')", "System tab", id="tab.system", show=False),
@@ -87,6 +89,8 @@ class DashboardApp(App[str]):
         self._redraw_timer = None
         self._ranks_shown = True
         self._doctor_count = 0
+        self.view = ChartView()
+        """How the Overview's charts are looked at (the chart keys change it)."""
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
@@ -138,6 +142,8 @@ class DashboardApp(App[str]):
                 self.state.add_layers(obj)
             elif isinstance(obj, LayerNames):
                 self.state.add_layer_names(obj)
+            elif isinstance(obj, Schedule):
+                self.state.schedule = obj
             elif isinstance(obj, Status):
                 controls_changed |= self._apply_status(obj, new_events)
             elif isinstance(obj, Ack):
@@ -152,12 +158,7 @@ class DashboardApp(App[str]):
             elif isinstance(obj, History):
                 controls_changed |= self._apply_history(obj, new_events)
             elif isinstance(obj, Backfill):
-                for name, (steps, values) in obj.series.items():
-                    self.state.get(name).merge(steps, values)
-                self._merge_ranks(obj.ranks)
-                for rank, named in obj.samples.items():
-                    self.state.merge_samples(rank, named)
-                self.state.add_walls(*obj.walls)
+                self.state.add_backfill(obj)
             elif isinstance(obj, InfoChanged):
                 self.state.info = obj.info
                 self.state.note_info(obj.info)
@@ -168,40 +169,18 @@ class DashboardApp(App[str]):
                 controls_changed = True
         if log_lines:
             self.query_one(LogPane).add_lines(log_lines)
-        if new_events:
+        if self.state.events_changed:  # a shown line changed: an ack, a merged checkpoint
+            self.state.events_changed = False
+            self.query_one(EventsPane).show(self.state.events[-EventsPane.MAX_LINES:])
+        elif new_events:
             self.query_one(EventsPane).add(new_events)
         if controls_changed:
             self.refresh_bindings()
         self._schedule_redraw()
 
     def _apply_history(self, history: History, new_events: list[EventLine]) -> bool:
-        state = self.state
-        if history.info is not None:
-            state.info = history.info
-            state.note_info(history.info)
-        state.note_world_size(history.meta.get("world_size"))
-        for rank, named in history.samples.items():
-            state.merge_samples(rank, named)
-        for name, (steps, values) in history.series.items():
-            state.get(name).extend(steps, values)
-        self._merge_ranks(history.ranks)
-        state.add_walls(*history.walls)
-        if history.layer_names is not None:
-            state.add_layer_names(history.layer_names)
-        for layers in history.layers:
-            state.add_layers(layers)
-        for event in history.events[:-HISTORY_EVENTS]:
-            state.note_event(event)  # older than the pane shows, but a finding or a stall still counts
-        for event in history.events[-HISTORY_EVENTS:]:
-            line = state.add_event(event)
-            if line is not None:
-                new_events.append(line)
+        new_events += self.state.add_history(history, HISTORY_EVENTS)
         return history.status is not None and self._apply_status(history.status, new_events)
-
-    def _merge_ranks(self, by_rank: dict[int, dict]) -> None:
-        for rank, own in by_rank.items():
-            for name, (steps, values) in own.items():
-                self.state.rank_get(rank, name).merge(steps, values)
 
     def _apply_status(self, status: Status, new_events: list[EventLine]) -> bool:
         """Take a new status; True when the state changed (so the keys may change)."""
@@ -230,8 +209,6 @@ class DashboardApp(App[str]):
     def _apply_ack(self, ack: Ack) -> EventLine:
         text = self._sent.pop(ack.id, None) or command_text(ack.name, None)
         line = self.state.add_ack(ack, text)
-        if ack.ok and ack.message and ack.name not in ("pause", "resume"):
-            line.text += f" ({ack.message})"  # the checkpoint path, the old and new clip norm
         if not ack.ok:
             self.notify(line.text, severity="error")
         return line
@@ -260,11 +237,13 @@ class DashboardApp(App[str]):
         header = self.query_one(RunHeader)
         header.status = state.status
         header.steps_per_s = state.rate.rate()
+        header.total_steps = state.total_steps
+        header.epoch = state.epoch
         header.started = state.started_at
         header.ended = state.ended_at
         header.connection = state.connection_note
         header.pause_reason = state.pause_reason
-        self.query_one(Overview).refresh_charts(state, self.comparison.runs(state), self.comparison.by_time)
+        self.query_one(Overview).refresh_charts(state, self.view, self.comparison.runs(state), self.comparison.by_time)
         self.query_one(LayersView).refresh_layers(state.layers)
         for view in self.query(ReportView):
             view.refresh_report(state)
@@ -290,7 +269,15 @@ class DashboardApp(App[str]):
         return self.state.ended
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Hide control keys on a read-only or ended run, ``t`` with nothing compared; grey out while unconnected."""
+        """Hide control keys on a read-only or ended run, ``t`` with nothing compared, grey
+        them out while not connected; chart keys work on the Overview, and only when they
+        would change something."""
+        if action in ("chart", "wide_events"):
+            on_overview = self.is_mounted and self.query_one(TabbedContent).active == "overview"
+            if not on_overview or overview.extent(self.state) is None:
+                return False
+            # Compared runs are drawn whole, by step or by time: the view does not apply.
+            return action == "wide_events" or not self.comparison.active and self.view.can(str(parameters[0]))
         if action not in CONTROL_ACTIONS:
             return self.comparison.active or action != "toggle_time"
         if not self.source.live or self.run_ended:
@@ -310,10 +297,9 @@ class DashboardApp(App[str]):
         if self.source.can_control:
             self._sent[command.id] = text
             self.source.send(command)
-            line = EventLine(time.time(), None, f"{text} sent", "dim")
+            line = self.state.note_sent(command.id, f"{text} sent")
         else:  # the engine went away while a dialog was open
-            line = EventLine(time.time(), None, f"{text} not sent: the engine is not connected", "error")
-        self.state.events.append(line)
+            line = self.state.note_sent(None, f"{text} not sent: the engine is not connected", "error")
         self.query_one(EventsPane).add([line])
 
     def action_pause(self) -> None:
@@ -344,10 +330,22 @@ class DashboardApp(App[str]):
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if event.pane.id == "layers":
             self.query_one(LayersView).focus_table()
+        self.refresh_bindings()  # the chart keys work on the Overview only
+
+    def action_chart(self, what: str) -> None:
+        """A chart key: zoom, pan, move the cursor, change the smoothing or the y scale."""
+        bounds = overview.extent(self.state)
+        if bounds is not None:
+            self.view.apply(what, *bounds)
+            self.query_one(Overview).refresh_charts(self.state, self.view)
+            self.refresh_bindings()
+
+    def action_wide_events(self) -> None:
+        self.query_one(Overview).toggle_wide_events()
 
     def action_clip(self) -> None:
         status = self.state.status
-        current = fmt_si(status.clip, 4) if status is not None and status.clip is not None else ""
+        current = fmt_num(status.clip) if status is not None and status.clip is not None else ""
         dialog = ValueDialog(
             "Gradient clip norm", "clip norm",
             "Largest total grad norm from the next step on; \"off\" gives clipping back to the script.",
@@ -382,14 +380,7 @@ class DashboardApp(App[str]):
             self.exit("detach")
 
     def action_help(self) -> None:
-        rows, seen = [], set()
-        for binding in self.BINDINGS:
-            key = binding.key_display or binding.key
-            enabled = self.check_action(binding.action, ()) is True
-            if (key, binding.action) in seen:
-                continue
-            seen.add((key, binding.action))
-            rows.append((key, binding.description, enabled))
+        rows = key_rows(self.BINDINGS, self.check_action)
         on_layers = self.query_one(TabbedContent).active == "layers"
         rows += [(b.key_display or b.key, b.description, on_layers) for b in LayersView.BINDINGS]
         rows.append(("enter", "Chart the layer's history", on_layers))

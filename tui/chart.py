@@ -50,6 +50,8 @@ class Chart:
     ``log_y``: True, False, or "auto" (log when every value is > 0 and they span more
     than ``AUTO_LOG_RATIO``). ``hlines`` are horizontal reference lines (value, style).
     ``height`` (rows, x labels included) wins over the console's; without either, 8.
+    ``x_range`` (steps ``(lo, hi)``) shows only that range, its y axis fitted to it;
+    ``cursor`` draws a vertical line at that step.
     """
 
     lines: list[Line] = field(default_factory=list)
@@ -57,6 +59,8 @@ class Chart:
     hlines: list[tuple[float, Style | str]] = field(default_factory=list)
     height: int | None = None
     empty_text: str = "waiting for data…"
+    x_range: tuple[float, float] | None = None
+    cursor: float | None = None
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         height = self.height or options.height or 8
@@ -66,6 +70,8 @@ class Chart:
 
 
 AUTO_LOG_RATIO = 50.0
+
+CURSOR_STYLE = Style(color="bright_white", bold=True)
 
 
 # --------------------------------------------------------------------------- ticks
@@ -156,13 +162,28 @@ def _bounds(chart: Chart) -> tuple[float, float, float, float, bool] | None:
     return float(x0), float(x1), y0, y1, bool(log)
 
 
+def _clip(chart: Chart) -> Chart:
+    """The chart with its lines cut to ``x_range`` (the y axis then fits what is in view)."""
+    lo, hi = chart.x_range
+    lines = []
+    for line in chart.lines:
+        a, b = bisect.bisect_left(line.steps, lo), bisect.bisect_right(line.steps, hi)
+        lines.append(Line(line.steps[a:b], line.values[a:b], line.style, line.dashed))
+    return Chart(lines, chart.log_y, chart.hlines, chart.height, chart.empty_text, None, chart.cursor)
+
+
 def render(chart: Chart, width: int, height: int) -> list[list[Segment]]:
     """The chart as ``height`` rows of segments, each row exactly ``width`` cells wide."""
     width, height = max(1, width), max(1, height)
+    x_range = chart.x_range
+    if x_range is not None:
+        chart = _clip(chart)
     bounds = _bounds(chart)
     if bounds is None or width < 8 or height < 2:
         return _empty(chart.empty_text if bounds is None else "", width, height)
     x0, x1, y0, y1, log = bounds
+    if x_range is not None:
+        x0, x1 = float(x_range[0]), float(max(x_range[1], x_range[0] + 1))
     rows = height - 1
 
     if log:
@@ -198,6 +219,10 @@ def render(chart: Chart, width: int, height: int) -> list[list[Segment]]:
     x_scale = (pw - 1) / (x1 - x0) if x1 > x0 else 0.0
     for line in chart.lines:
         _draw_line(line, _style(line.style), x0, x_scale, log, to_py, plot)
+    if chart.cursor is not None and x0 <= chart.cursor <= x1:
+        px = round((chart.cursor - x0) * x_scale)
+        for py in range(0, ph, 2):  # dotted, over the lines
+            plot(px, py, CURSOR_STYLE)
 
     # Y labels sit on the row holding their tick.
     row_labels: dict[int, str] = {}

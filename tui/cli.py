@@ -46,7 +46,8 @@ def _run_parser() -> argparse.ArgumentParser:
               "       ptdash attach [RUN] | show RUN [RUN...] | ls | doctor [RUN] | ctl [RUN] COMMAND [VALUE]\n"
               "       ptdash export RUN --format csv|jsonl|tensorboard [-o PATH]",
         epilog="Each subcommand has --help (ptdash show --help). Keys in the dashboard: space pause/resume, "
-               "c checkpoint, g clip norm, l LR factor, p profile, s stop, q quit, ? help.")
+               "c checkpoint, g clip norm, l LR factor, p profile, s stop, q quit, + - 0 zoom, , . cursor, "
+               "e smoothing, y log scale, ? help.")
     p.add_argument("--version", action="version", version=f"ptdash {__version__}")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     p.add_argument("--headless", action="store_true",
@@ -59,6 +60,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=_every_arg, metavar="N|30m",
                    help="save a checkpoint every N steps, or every so many minutes/hours (30m, 2h)")
     p.add_argument("--keep-last", type=int, metavar="K", help="keep only the newest K checkpoints")
+    p.add_argument("--steps", type=int, metavar="N",
+                   help="the run's length in optimizer steps, for the total and ETA when its schedule "
+                        "does not say (display only)")
     p.add_argument("--resume", type=Path, metavar="CKPT", help="resume from a ptdash checkpoint")
     p.add_argument("--on-anomaly", choices=("pause", "skip", "warn"), default="pause",
                    help="on a non-finite loss or gradient: pause before the update (default), skip the "
@@ -160,11 +164,11 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
             resume=str(args.resume.resolve()) if args.resume else None, flush_interval=args.flush_interval,
             on_anomaly=args.on_anomaly, profile_steps=args.profile_steps, memory_history=args.memory_history,
             update_ratio_every=args.update_ratio_every, stall_seconds=args.stall_timeout,
-            detect_anomaly=args.detect_anomaly, **every)
+            detect_anomaly=args.detect_anomaly, steps=args.steps, **every)
     except ConfigError as exc:
         raise CliError(str(exc), 2) from None
     fields = dict(argv=target, cwd=os.getcwd(), python=sys.executable, config=config,
-                  git=_git_commit(target), ptdash_version=__version__)
+                  git=_git_commit(target), ptdash_version=__version__, total_steps=args.steps)
     if args.run_dir:
         if args.run_dir.exists() and any(args.run_dir.iterdir()):
             raise CliError(f"--run-dir {args.run_dir} exists and is not empty", 2)

@@ -30,7 +30,8 @@ from .fmt import fmt_duration, fmt_si
 from .series import Series
 from .source import read_run_info
 from .source.history import HISTORY_POINTS
-from .tabs.overview import LOSS_ALPHA, lr_names
+from .tabs.overview import lr_names
+from .view import ChartView
 
 if TYPE_CHECKING:
     from .state import RunState
@@ -188,7 +189,7 @@ def _line(run: Run, name: str, by_time: tuple[float, str] | None, smooth: bool =
     series = run.series.get(name)
     if series is None or not series.steps:
         return None
-    values = ema_series(series.values, LOSS_ALPHA, series.steps) if smooth else series.values
+    values = ema_series(series.values, 1 - ChartView.smoothing, series.steps) if smooth else series.values
     xs = series.steps if by_time is None else [t / by_time[0] for t in elapsed(series.steps, run.clock)]
     return Line(xs, values, run.colour)
 

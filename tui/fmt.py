@@ -29,26 +29,53 @@ _SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
 def fmt_si(value: float | None, digits: int = 3) -> str:
-    """A compact number: ``950``, ``12.3k``, ``1.23M``, ``0.0123``, ``3e-4``; N/A for None.
+    """A count or a rate: ``950``, ``12.3k``, ``1.23M``, ``0.0123``, ``3e-4``; N/A for None.
 
-    Large magnitudes get SI prefixes; small ones (below 0.01) a short exponent, which is
-    how learning rates are usually written.
+    Large magnitudes get SI prefixes up to T (beyond, an exponent: never ``1e+18T``);
+    small ones (below 0.01) a short exponent. For values that are not counts (LRs, losses,
+    norms, factors) use ``fmt_num``, which never adds a prefix.
     """
     if value is None:
         return "N/A"
     if not math.isfinite(value):
         return str(value)
     mag = abs(value)
+    if mag >= 1e15:
+        return _exponent(value, digits)
     for scale, prefix in _SI:
         if mag >= scale * 0.9995:
-            return f"{value / scale:.{digits}g}{prefix}"
+            scaled = value / scale  # 1 to 999: enough digits for the integer part (100k, not 1e+02k)
+            return f"{scaled:.{max(digits, len(str(int(abs(round(scaled, digits))))))}g}{prefix}"
     if mag >= 1:
         # Never fall into exponent form for the integer digits: 100, not 1e+02.
         return f"{value:.{max(digits, int(math.log10(mag)) + 1)}g}"
     if mag == 0 or mag >= 0.01:
         return f"{value:.{digits}g}"
-    mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
-    mantissa = mantissa.rstrip("0").rstrip(".")
+    return _exponent(value, digits)
+
+
+def fmt_num(value: float | None, digits: int = 4) -> str:
+    """A plain number (an LR, a loss, a norm, a factor): ``0.5321``, ``12.5``, ``3e-4``,
+    ``48213``, ``1.2e7``; never an SI prefix (a factor of 1000 is not "1k"). N/A for None."""
+    if value is None:
+        return "N/A"
+    if not math.isfinite(value):
+        return str(value)
+    mag = abs(value)
+    if mag == 0:
+        return "0"
+    if mag < 0.01 or mag >= 1e6:
+        return _exponent(value, digits)
+    if mag >= 10 ** (digits - 1):
+        return f"{value:.0f}"
+    return f"{value:.{digits}g}"
+
+
+def _exponent(value: float, digits: int) -> str:
+    """``3e-4``, ``-4.2e-4``, ``1.5e18``: the short exponent form."""
+    mantissa, exponent = f"{value:.{max(0, digits - 1)}e}".split("e")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
     return f"{mantissa}e{int(exponent)}"
 
 
@@ -81,9 +108,9 @@ def eta(steps_done: int | None, total: int | None, steps_per_s: float | None) ->
 def command_text(name: str, value: float | None) -> str:
     """How a command reads in the events pane: ``clip 0.5``, ``LR ×0.5``, ``profile 5 steps``."""
     if name == "clip":
-        return "clip off" if value is None else f"clip {fmt_si(value)}"
+        return "clip off" if value is None else f"clip {fmt_num(value)}"
     if name == "lr_scale":
-        return f"LR ×{fmt_si(value)}"
+        return f"LR ×{fmt_num(value)}"
     if name == "profile":
         return f"profile {int(value or 0)} steps"
     return name

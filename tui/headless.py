@@ -23,6 +23,8 @@ from ptdash.shared.reader import StoreReader, wait_for_store
 from ptdash.shared.store import STORE_NAME
 
 from .ctl import send_command
+from .fmt import eta, fmt_duration
+from .series import StepRate
 
 
 def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0) -> int:
@@ -83,18 +85,33 @@ def _copy_new(path: Path, offset: int) -> int:
 
 
 def progress_line(reader: StoreReader, info: RunInfo) -> str:
-    """``[ptdash] step 1200 | loss 2.3456 | lr 3.00e-04 | 12.3 steps/s``."""
+    """``[ptdash] step 1200/2000 | loss 2.3456 | lr 3.00e-04 | 12.3 steps/s | ETA 1m05s``.
+
+    The rate leaves out the time the run was paused; the total is run.json's, else the
+    end of the stored LR schedule.
+    """
     step, values = reader.latest()
     if step is None:
         return f"[ptdash] {info.status}: no step yet"
-    parts = [f"step {step}"]
+    schedule = reader.schedule()
+    total = info.total_steps or info.config.steps or (schedule.end if schedule is not None else None)
+    parts = [f"step {step}/{total}" if total else f"step {step}"]
     if values.get("loss") is not None:
         parts.append(f"loss {values['loss']:.4f}")
     if values.get("opt/lr/group0") is not None:
         parts.append(f"lr {values['opt/lr/group0']:.2e}")
     if values.get("grad/norm_total") is not None:
         parts.append(f"grad norm {values['grad/norm_total']:.3g}")
-    steps, walls = reader.walls(after_step=step - 50)
-    if len(walls) >= 2 and walls[-1] > walls[0]:
-        parts.append(f"{(len(walls) - 1) / (walls[-1] - walls[0]):.1f} steps/s")
+    rate = StepRate(window_s=float("inf"))
+    for s, wall in zip(*reader.walls(after_step=step - 50)):
+        rate.add(s, wall)
+    for event in reader.events(kind="command"):
+        if event.data.get("ok") and event.data.get("name") in ("pause", "resume"):
+            (rate.pause if event.data["name"] == "pause" else rate.resume)(event.wall)
+    per_s = rate.rate()
+    if per_s is not None:
+        parts.append(f"{per_s:.1f} steps/s")
+        left = eta(step, total, per_s)
+        if left is not None and info.status == "running":
+            parts.append(f"ETA {fmt_duration(left)}")
     return "[ptdash] " + " | ".join(parts)

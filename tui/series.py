@@ -89,11 +89,30 @@ class Series:
 
 
 class StepRate:
-    """Steps per second from the wall times of recent steps."""
+    """Steps per second from the wall times of recent steps, over running time only.
+
+    ``pause(wall)`` and ``resume(wall)`` mark when the run stood still (from the events
+    that say so); that time is left out, so a resumed run's rate is its running rate.
+    """
 
     def __init__(self, window_s: float = 30.0, max_points: int = 256) -> None:
         self.window_s = window_s
         self._points: deque[tuple[int, float]] = deque(maxlen=max_points)
+        self._paused: deque[list] = deque(maxlen=64)
+        """``[start, end or None]`` wall times of recent pauses, oldest first."""
+
+    def pause(self, wall: float) -> None:
+        """The run paused at wall time ``wall``."""
+        if not self._paused or self._paused[-1][1] is not None:
+            self._paused.append([wall, None])
+
+    def resume(self, wall: float) -> None:
+        """The run went on at wall time ``wall``."""
+        if self._paused and self._paused[-1][1] is None:
+            self._paused[-1][1] = wall
+
+    def _paused_within(self, start: float, end: float) -> float:
+        return sum(max(0.0, min(end, b if b is not None else end) - max(start, a)) for a, b in self._paused)
 
     def add(self, step: int, wall: float) -> None:
         """Note that ``step`` ended at wall time ``wall`` (older steps are ignored)."""
@@ -112,5 +131,5 @@ class StepRate:
                 break
         if last_step == first_step:
             first_step, first_wall = self._points[-2]
-        span = last_wall - first_wall
+        span = last_wall - first_wall - self._paused_within(first_wall, last_wall)
         return (last_step - first_step) / span if span > 0 else None

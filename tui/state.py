@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from ptdash.shared.config import RunInfo
-from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Samples, Status
+from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Samples, Schedule, Status
 
 from .series import Series, StepRate, rank_wants
 from .tabs.doctor import Findings
@@ -26,6 +26,10 @@ class EventLine:
     text: str
     level: str = "info"
     """``info``, ``ok``, ``warning``, ``error`` or ``dim``."""
+    kind: str = ""
+    """The event kind it shows (``checkpoint``...), or ``command`` for a command's own line."""
+    command_id: str | None = None
+    """The command whose line this is, from "sent" to its ack."""
 
 
 @dataclass
@@ -77,6 +81,10 @@ class RunState:
     """Rank -> the step it stalled at (an ``anomaly`` event); it counts until the rank steps again."""
     rank_failures: dict[int, int] = field(default_factory=dict)
     """Rank -> exit code of the ranks that failed, the first being the cause (run.json's ``rank_failures``)."""
+    schedule: Schedule | None = None
+    """The LR schedule ahead, or the note saying why there is none (None before the engine said)."""
+    events_changed: bool = False
+    """A line already in ``events`` changed or went (the pane must redraw them); the app resets it."""
 
     def __post_init__(self) -> None:
         self.rank_series[0] = self.series
@@ -87,6 +95,23 @@ class RunState:
     def ended(self) -> bool:
         """Whether the run has finished, stopped or crashed."""
         return self.status is not None and self.status.state in ENDED
+
+    @property
+    def total_steps(self) -> int | None:
+        """The step the run ends at, when known: the engine's (a scheduler's length, ``--steps``),
+        else run.json's config."""
+        if self.status is not None and self.status.total_steps:
+            return self.status.total_steps
+        return self.info.config.steps if self.info is not None else None
+
+    @property
+    def epoch(self) -> int | None:
+        """The training loop's epoch, when the engine counts it (its status, else a ``train/epoch`` series)."""
+        if self.status is not None and self.status.epoch is not None:
+            return self.status.epoch
+        series = self.series.get("train/epoch")
+        value = series.latest() if series is not None else None
+        return int(value) if value is not None else None
 
     @property
     def started_at(self) -> float | None:
@@ -138,6 +163,44 @@ class RunState:
             if isinstance(failure, dict) and isinstance(failure.get("rank"), int):
                 self.rank_failures.setdefault(failure["rank"], failure.get("exitcode"))
                 self.note_world_size(failure["rank"] + 1)
+
+    def add_history(self, history, newest_events: int) -> list[EventLine]:
+        """Fold a source's History in (all but its status); the event lines of its newest
+        ``newest_events`` events (older ones still count for findings and stalls)."""
+        if history.info is not None:
+            self.info = history.info
+            self.note_info(history.info)
+        self.note_world_size(history.meta.get("world_size"))
+        for rank, named in history.samples.items():
+            self.merge_samples(rank, named)
+        for name, (steps, values) in history.series.items():
+            self.get(name).extend(steps, values)
+        self._merge_ranks(history.ranks)
+        self.add_walls(*history.walls)
+        if history.layer_names is not None:
+            self.add_layer_names(history.layer_names)
+        if history.schedule is not None:
+            self.schedule = history.schedule
+        for layers in history.layers:
+            self.add_layers(layers)
+        for event in history.events[:-newest_events]:
+            self.note_event(event)
+        lines = [self.add_event(event) for event in history.events[-newest_events:]]
+        return [line for line in lines if line is not None]
+
+    def add_backfill(self, backfill) -> None:
+        """Fold rows read back from the store (a gap in the live stream) in."""
+        for name, (steps, values) in backfill.series.items():
+            self.get(name).merge(steps, values)
+        self._merge_ranks(backfill.ranks)
+        for rank, named in backfill.samples.items():
+            self.merge_samples(rank, named)
+        self.add_walls(*backfill.walls)
+
+    def _merge_ranks(self, by_rank: dict[int, dict]) -> None:
+        for rank, own in by_rank.items():
+            for name, (steps, values) in own.items():
+                self.rank_get(rank, name).merge(steps, values)
 
     def add_walls(self, steps: list[int], walls: list[float]) -> None:
         for s, w in zip(steps, walls):
@@ -215,20 +278,50 @@ class RunState:
             self.pause_reason = None
         self.status = status
 
+    def note_sent(self, command_id: str | None, text: str, level: str = "dim") -> EventLine:
+        """The line of a command just sent (``text``), which its ack will turn into the outcome."""
+        line = EventLine(time.time(), None, text, level, "command", command_id)
+        self.events.append(line)
+        return line
+
     def add_ack(self, ack: Ack, command_text: str) -> EventLine:
-        """Record an ack; ``command_text`` says what the command was ("clip 0.5")."""
+        """Record an ack; ``command_text`` says what the command was ("clip 0.5").
+
+        The command's "sent" line becomes its outcome (one line per command); a checkpoint's
+        ack and the engine's checkpoint event share one line.
+        """
         self.seen_commands.add(ack.id)
         if ack.name == "profile" and ack.ok:
             self.profile_pending = f"{ack.message}…" if ack.message else self.profile_pending
         elif ack.name == "profile":
             self.profile_pending, self.profile_note = None, f"profile refused: {ack.message}"
-        if ack.ok:
-            where = f"step {ack.step} " if ack.step is not None else ""
-            line = EventLine(time.time(), ack.step, f"{where}{command_text} applied", "ok")
+        where = f"step {ack.step} " if ack.step is not None else ""
+        kind = "command"
+        if not ack.ok:
+            text, level = f"{command_text} refused: {ack.message}", "error"
+        elif ack.name == "checkpoint" and ack.message:
+            text, level, kind = f"{where}checkpoint {ack.message}", "ok", "checkpoint"
+            self._drop(lambda e: e.kind == "checkpoint" and e.step == ack.step and e.command_id is None)
+        elif ack.message and ack.name not in ("pause", "resume"):
+            # The engine's words say what changed ("clip norm 1 -> 0.5 from step 541"): first,
+            # so a narrow pane still shows them.
+            text, level = f"{where}{ack.message}", "ok"
         else:
-            line = EventLine(time.time(), ack.step, f"{command_text} refused: {ack.message}", "error")
-        self.events.append(line)
+            text, level = f"{where}{command_text} applied", "ok"
+        line = next((e for e in reversed(self.events) if e.command_id == ack.id), None)
+        if line is None:
+            line = EventLine(time.time(), ack.step, text, level, kind, ack.id)
+            self.events.append(line)
+        else:
+            line.wall, line.step, line.text, line.level, line.kind = time.time(), ack.step, text, level, kind
+            self.events_changed = True
         return line
+
+    def _drop(self, match) -> None:
+        kept = [e for e in self.events if not match(e)]
+        if len(kept) != len(self.events):
+            self.events[:] = kept
+            self.events_changed = True
 
     def note_event(self, event: Event) -> None:
         """Keep what the tabs show of an event that gets no line in the events pane (older history)."""
@@ -243,20 +336,28 @@ class RunState:
             if command_id in self.seen_commands:
                 return None
             self.seen_commands.add(command_id)
+        if kind == "checkpoint" and any(e.kind == "checkpoint" and e.step == step for e in self.events[-20:]):
+            return None  # the line of the checkpoint command that asked for it says it already
         level = EVENT_LEVELS.get(kind, "info")
         if (kind == "command" and data.get("ok") is False) or (kind == "profile" and data.get("error")):
             level = "error"
         where = f"step {step} " if step is not None else ""
         if event.rank:
             where += f"rank {event.rank} "
-        what = f"⚑ doctor: {message}" if kind == "finding" else f"{kind}: {message}"
-        line = EventLine(wall or time.time(), step, f"{where}{what}", level)
+        what = {"finding": f"⚑ doctor: {message}", "checkpoint": f"checkpoint {message}"}.get(
+            kind, f"{kind}: {message}")
+        line = EventLine(wall or time.time(), step, f"{where}{what}", level, kind)
         self.events.append(line)
         return line
 
     def _note(self, event: Event) -> None:
         """Keep what the tabs and the header show of an event."""
         kind, message, data, step = event.kind, event.message, event.data, event.step
+        if kind == "command" and data.get("ok") and data.get("name") in ("pause", "resume"):
+            # Running time only: the rate and the ETA leave out the time the run stood still.
+            (self.rate.pause if data["name"] == "pause" else self.rate.resume)(event.wall)
+        elif kind == "anomaly" and data.get("action") == "pause":
+            self.rate.pause(event.wall)
         if kind == "finding":
             self.findings.add(event)
             if data.get("id") == "no-step":

@@ -70,6 +70,9 @@ class RunConfig:
     """Autograd anomaly detection, so a failing backward names its forward line."""
     flush_interval: float = 0.25
     """Seconds between the flusher's moves of step records to the store."""
+    steps: int | None = None
+    """The run's length in optimizer steps (``--steps``), when its schedule does not say;
+    only informs the display (the total, the ETA and how far the LR schedule is previewed)."""
 
     def __post_init__(self) -> None:
         _positive("clip", self.clip)
@@ -78,6 +81,7 @@ class RunConfig:
         _positive("checkpoint_every_s", self.checkpoint_every_s)
         _count("keep_last", self.keep_last, 1)
         _count("update_ratio_every", self.update_ratio_every, 0)
+        _count("steps", self.steps, 1)
         _positive("stall_seconds", self.stall_seconds, allow_none=False)
         _positive("flush_interval", self.flush_interval, allow_none=False)
         if self.on_anomaly not in ANOMALY_ACTIONS:

@@ -144,6 +144,8 @@ class Status(Message):
     lr_scale: float = 1.0
     exit_code: int | None = None
     detail: str = ""
+    epoch: int | None = None
+    """The epoch of the training loop (its DataLoader's passes), when the engine counts them."""
 
 
 STATES = ("starting", "running", "pausing", "paused", "stopping", "finished", "stopped", "crashed")
@@ -217,9 +219,31 @@ class Layers(Message):
     rank: int = 0
 
 
+@dataclass(frozen=True)
+class Schedule(Message):
+    """The main optimizer's LR schedule ahead, simulated on a copy of its scheduler.
+
+    ``steps`` are optimizer steps from ``step`` on (decimated to a few hundred points);
+    ``lrs`` holds, per param group, the scheduled LR at each of them, before the live LR
+    factor (the dashboard multiplies that in, so a factor change redraws at once). With no
+    schedule to show, ``steps`` is empty and ``note`` says why ("set by hand each step").
+    ``end`` is the step the schedule ends at, when it has an end. Stored, and sent to each
+    new dashboard after the Welcome.
+    """
+
+    type: ClassVar[str] = "schedule"
+    step: int
+    """The optimizer step it was computed at."""
+    steps: list = field(default_factory=list)
+    lrs: list = field(default_factory=list)
+    end: int | None = None
+    note: str = ""
+    rank: int = 0
+
+
 MESSAGES: dict[str, type[Message]] = {
     cls.type: cls for cls in (Hello, Command, Welcome, Refused, Metrics, Samples, Status, Ack, Event, LayerNames,
-                                Layers)
+                              Layers, Schedule)
 }
 
 

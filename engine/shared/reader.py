@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .decimate import StreamDecimator, merge_point
-from .protocol import Event, LayerNames, Layers, ProtocolError, from_dict
+from .protocol import Event, LayerNames, Layers, ProtocolError, Schedule, from_dict
 from .store import LEVELS, StoreError
 
 log = logging.getLogger("ptdash.shared.reader")
@@ -405,6 +405,11 @@ class StoreReader:
             (rank, 2 ** 63 - 1 if step is None else step), "in its parameter names", one=True)
         found = [m for m in (self._message(d) for d in rows) if isinstance(m, LayerNames)]
         return found[0] if found else None
+
+    def schedule(self, rank: int = 0) -> Schedule | None:
+        """The newest stored schedule ahead (or the note saying why there is none), None before any."""
+        found = [m for m in self._messages("schedule", rank, -1, 1) if isinstance(m, Schedule)]
+        return found[-1] if found else None
 
     def _messages(self, kind: str, rank: int, after_step: int, limit: int | None) -> list:
         if limit is None:

@@ -6,7 +6,7 @@ can read it while it is written and always see whole transactions. SQLite surviv
 crash mid-write: an interrupted transaction is rolled back on the next open.
 
 What is stored is what the protocol carries: scalar rows ``[step, wall, {name: value}]``,
-``Event`` messages, and ``Layers`` / ``LayerNames`` messages as the protocol's own dicts.
+``Event`` messages, and ``Layers`` / ``LayerNames`` / ``Schedule`` messages as the protocol's own dicts.
 
 Long runs: next to the raw scalars the writer keeps a summary table, the minimum and
 maximum (with their steps) of every series over buckets of 16, 256 and 4096 steps,
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .decimate import merge_point
 from .numbers import json_safe
-from .protocol import Event, LayerNames, Layers, to_dict
+from .protocol import Event, LayerNames, Layers, Schedule, to_dict
 
 log = logging.getLogger("ptdash.shared.store")
 
@@ -115,15 +115,16 @@ class StoreWriter:
             self._name_ids[name] = id_
         return id_
 
-    def write(self, rows=(), rank: int = 0, events: list[Event] = (), layers: list[Layers | LayerNames] = (),
-              samples=()) -> None:
+    def write(self, rows=(), rank: int = 0, events: list[Event] = (),
+              layers: list[Layers | LayerNames | Schedule] = (), samples=()) -> None:
         """Write one flush in a single transaction.
 
         ``rows``: ``[step, wall, {name: value}]`` lists (value None for non-finite);
         ``events``: Event messages (each stored under its own ``rank``); ``layers``:
-        Layers and LayerNames messages, stored as the protocol's dicts; ``samples``:
-        ``[wall, {name: value}]`` readings taken by time, not by step (host and GPU, once
-        a second), so a run of slow steps keeps its whole history of them.
+        Layers, LayerNames and Schedule messages, stored as the protocol's dicts (one per
+        kind, rank and step); ``samples``: ``[wall, {name: value}]`` readings taken by
+        time, not by step (host and GPU, once a second), so a run of slow steps keeps its
+        whole history of them.
         """
         with self._transaction():
             ids = self._name_ids

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ptdash.shared import rundir
 from ptdash.shared.config import RunInfo
-from ptdash.shared.protocol import Ack, Command, Event, LayerNames, Layers, Metrics, Status, Welcome
+from ptdash.shared.protocol import Ack, Command, Event, LayerNames, Layers, Metrics, Schedule, Status, Welcome
 from ptdash.shared.store import STORE_NAME, StoreWriter
 from ptdash.shared.transport import Server
 
@@ -102,6 +102,13 @@ def host_sample(wall: float, rng: random.Random, rss: float = 1.2e9) -> list:
                    "host/mem_used_bytes": 9.5e9 + rss, "host/mem_total_bytes": 24e9, "host/rss_bytes": rss}]
 
 
+def schedule_ahead(step: int, total: int = TOTAL_STEPS) -> Schedule:
+    """The Schedule the engine would send at ``step`` of the demo run: its OneCycle LR to the end."""
+    steps = list(range(step + 1, total + 1, 8)) + [total]
+    return Schedule(step=step, steps=steps, lrs=[[onecycle_lr(s) for s in steps], [onecycle_lr(s) / 10 for s in steps]],
+                    end=total)
+
+
 def run_start(steps: int, now: float | None) -> float:
     """The wall time a recorded run of ``steps`` started, for it to end 3 s before ``now`` (default: now)."""
     return (time.time() if now is None else now) - steps * 0.05 - 5
@@ -109,8 +116,10 @@ def run_start(steps: int, now: float | None) -> float:
 
 def make_run(root: Path, steps: int = 500, status: str = "running", name: str = "demo",
              exit_code: int | None = None, seed: int = 0, layers: int = 0, extra_events=(),
-             now: float | None = None) -> Path:
+             now: float | None = None, schedule: bool = False) -> Path:
     """A run dir holding ``steps`` recorded steps of the demo run, in state ``status``.
+
+    With ``schedule``, the store also holds the LR schedule ahead as computed at the last step.
 
     With ``layers``, every 4th step also stores a per-parameter record of that many
     parameters, as the engine's flush does (names only in the first). Every wall time
@@ -135,6 +144,8 @@ def make_run(root: Path, steps: int = 500, status: str = "running", name: str = 
             records.append(Layers(step=step, grad_norms=norms, update_ratios=ratios, flags=flags))
         for i in range(0, len(records), 50):
             writer.write(layers=records[i:i + 50])
+    if schedule:
+        writer.write(layers=[schedule_ahead(steps)])
     writer.write(events=[
         Event(kind="run", step=0, wall=start + 1, message="started"),
         Event(kind="checkpoint", step=100, wall=start + 2 + 100 * 0.05, message="saved checkpoints/step-100.pt",

@@ -1,6 +1,9 @@
 """Snapshot tests: every tab at 120x40, the Overview and two runs side by side at 120x40 and
 80x24, replayed from recorded runs.
 
+The Overview is shot as it opens (with the LR schedule ahead) and with the chart keys at
+work: the cursor on the schedule ahead, the strongest smoothing, the log scale, a zoom.
+
 The runs are recorded at a fixed wall time with fixed seeds, and the clock the events
 pane reads runs in UTC, so a screen is the same on every machine: the header's elapsed
 time is that of a finished run (its end less its start), and nothing on screen names a
@@ -43,13 +46,13 @@ def utc(monkeypatch):
 
 @pytest.fixture(scope="module")
 def single_run(tmp_path_factory):
-    """A finished single-rank run with per-layer records and a profile report."""
+    """A finished single-rank run with per-layer records, a profile report and the LR schedule ahead."""
     profile = Event(kind="profile", step=455, wall=run_start(500, RECORDED_AT) + 2 + 455 * 0.05,
                     message="profiled steps 451-455: top op aten::addmm",
                     data={"steps": [451, 455], "device": "cpu", "top": PROFILE_TOP,
                           "trace": "/runs/demo/profiles/profile-step451-455.json"})
     return make_run(tmp_path_factory.mktemp("single"), steps=500, status="finished", exit_code=0, layers=LAYERS,
-                    extra_events=[profile], now=RECORDED_AT)
+                    extra_events=[profile], now=RECORDED_AT, schedule=True)
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +76,20 @@ def replay(run_dir):
 def test_overview(snap_compare, single_run, size):
     app, loaded = replay(single_run)
     assert snap_compare(app, terminal_size=size, run_before=loaded)
+
+
+CHART_KEYS = {
+    "cursor-ahead": ["full_stop", "greater_than_sign", "greater_than_sign", "greater_than_sign"],
+    "smooth-log": ["e", "y"],
+    "zoom-cursor": ["plus", "plus", "full_stop", "less_than_sign", "w"],
+}
+
+
+@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+@pytest.mark.parametrize("keys", list(CHART_KEYS))
+def test_overview_chart_keys(snap_compare, single_run, size, keys):
+    app, loaded = replay(single_run)
+    assert snap_compare(app, press=CHART_KEYS[keys], terminal_size=size, run_before=loaded)
 
 
 @pytest.mark.parametrize("key", ["2", "3", "4"], ids=["layers", "system", "profiler"])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ptdash.shared.decimate import merge_point
-from ptdash.shared.protocol import Event, Layers
+from ptdash.shared.protocol import Event, Layers, Schedule
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import LEVELS, StoreError, StoreWriter
 
@@ -327,3 +327,12 @@ def test_readings_by_time_keep_every_sample_however_slow_the_steps(tmp_path):
         assert reader.sampled_names(rank=1) == ["host/rss_bytes"] and reader.latest_samples(rank=1) == {
             "host/rss_bytes": 7.0}
         assert reader.latest_samples() == {"host/cpu_pct": 119.0}
+
+
+def test_the_newest_schedule_reads_back(tmp_path):
+    writer = StoreWriter(tmp_path / "m.db")
+    writer.write(layers=[Schedule(step=10, steps=[11, 500], lrs=[[0.1, 0.0]], end=500)])
+    writer.write(layers=[Schedule(step=40, note="set by hand")])
+    writer.close()
+    with StoreReader(tmp_path / "m.db") as reader:
+        assert reader.schedule() == Schedule(step=40, note="set by hand")

@@ -136,3 +136,23 @@ def test_dashed_line_is_drawn_between_sparse_points():
     lit = [i for i, ch in enumerate(plot) if dots(ch)]
     assert len(lit) >= len(plot) // 2 - 1  # every other cell, all the way across
     assert lit[0] <= 1 and lit[-1] >= len(plot) - 2
+
+
+def test_x_range_shows_only_those_steps_and_fits_the_y_axis_to_them():
+    steps = list(range(1000))
+    values = [float(i) for i in steps]
+    rows = render(Chart([Line(steps, values)], x_range=(900, 999)), 60, 8)
+    text = to_text(rows)
+    labels = [line.split("┤")[0].strip() for line in text if "┤" in line]
+    assert float(labels[-1]) >= 890  # the y axis is the zoomed range's, not 0..1000
+    assert "900" in text[-1] and "200" not in text[-1]
+
+
+def test_cursor_is_a_dotted_column():
+    line = Line([0, 100], [1.0, 1.0])
+    plain = to_text(render(Chart([line]), 40, 6))[:-1]
+    with_cursor = to_text(render(Chart([line], cursor=50), 40, 6))[:-1]
+    changed = {i for a, b in zip(plain, with_cursor) for i, (x, y) in enumerate(zip(a, b)) if x != y}
+    assert len(changed) == 1  # one column...
+    (col,) = changed
+    assert all(dots(row[col]) for row in with_cursor)  # ...lit from top to bottom

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ptdash.tui.fmt import command_text, eta, fmt_bytes, fmt_duration, fmt_ms, fmt_si
+from ptdash.tui.fmt import command_text, eta, fmt_bytes, fmt_duration, fmt_ms, fmt_num, fmt_si
 
 
 @pytest.mark.parametrize("seconds, text", [
@@ -23,6 +23,7 @@ def test_fmt_si(value, text):
 
 def test_fmt_si_digits():
     assert fmt_si(100, 2) == "100"
+    assert fmt_si(1e5, 2) == "100k" and fmt_si(2.5e8, 1) == "250M"  # never 1e+02k
     assert fmt_si(2.7994, 4) == "2.799"
     assert fmt_si(0.0027994, 2) == "2.8e-3"
 
@@ -54,3 +55,18 @@ def test_fmt_ms():
     assert fmt_ms(None) == "N/A"
     assert fmt_ms(0.0123) == "12.3 ms"
     assert fmt_ms(1.25) == "1.25 s"
+
+
+@pytest.mark.parametrize("value, text", [
+    (1e18, "1e18"), (2.5e20, "2.5e20"), (-3e16, "-3e16"), (9.99e14, "999T"),
+])
+def test_fmt_si_has_no_prefix_past_tera(value, text):
+    assert fmt_si(value) == text
+
+
+@pytest.mark.parametrize("value, text", [
+    (None, "N/A"), (0, "0"), (0.53214, "0.5321"), (12.5, "12.5"), (3e-4, "3e-4"), (1000.0, "1000"),
+    (48213.4, "48213"), (1.2e7, "1.2e7"), (1e30, "1e30"), (-0.25, "-0.25"), (float("nan"), "nan"), (2.0, "2"),
+])
+def test_fmt_num_never_adds_a_prefix(value, text):
+    assert fmt_num(value) == text

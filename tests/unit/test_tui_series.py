@@ -33,3 +33,16 @@ def test_step_rate_uses_recent_walls():
     assert rate.rate() == pytest.approx(2.0)
     rate.add(100, 1000.0 + 99 * 0.5 + 10)  # a slow step
     assert rate.rate() < 2.0
+
+
+def test_step_rate_leaves_out_paused_time():
+    rate = StepRate(window_s=1000)
+    for s in range(1, 11):
+        rate.add(s, 1000.0 + s)  # 1 step/s
+    rate.pause(1010.5)
+    rate.resume(1310.5)  # five minutes standing still
+    for s in range(11, 21):
+        rate.add(s, 1300.0 + s)
+    assert rate.rate() == pytest.approx(1.0)
+    rate.pause(1321.0)  # paused now: the open pause counts up to the newest step only
+    assert rate.rate() == pytest.approx(1.0)

@@ -54,3 +54,43 @@ def test_run_json_says_how_many_ranks_and_which_failed():
     assert state.world_size == 2
     state.note_info(run_info(rank_failures=[{"rank": 3, "exitcode": -9}, {"rank": 0, "exitcode": 1}]))
     assert state.world_size == 4 and state.rank_failures == {3: -9, 0: 1}
+
+
+def test_a_command_is_one_line_from_sent_to_applied():
+    state = RunState()
+    sent = state.note_sent("c1", "clip 0.5 sent")
+    line = state.add_ack(Ack(id="c1", name="clip", ok=True, step=540, message="clip norm 1 -> 0.5"), "clip 0.5")
+    assert line is sent and state.events == [sent] and state.events_changed
+    assert line.text == "step 540 clip norm 1 -> 0.5" and line.level == "ok"
+
+
+def test_a_checkpoint_is_one_line():
+    state = RunState()
+    state.note_sent("k1", "checkpoint sent")
+    summary = "saved checkpoints/step-100.pt (12.0 MB in 0.31 s)"
+    assert state.add_event(Event(kind="checkpoint", step=100, wall=1.0, message=summary)) is not None
+    line = state.add_ack(Ack(id="k1", name="checkpoint", ok=True, step=100, message=summary), "checkpoint")
+    assert [e.text for e in state.events] == [f"step 100 checkpoint {summary}"] and line is state.events[0]
+    # The event arriving after the ack says nothing new either.
+    state.note_sent("k2", "checkpoint sent")
+    state.add_ack(Ack(id="k2", name="checkpoint", ok=True, step=200, message="saved b"), "checkpoint")
+    assert state.add_event(Event(kind="checkpoint", step=200, wall=2.0, message="saved b")) is None
+    assert len(state.events) == 2
+    # A periodic checkpoint (no command) is its event's line.
+    assert state.add_event(Event(kind="checkpoint", step=300, wall=3.0, message="saved c")) is not None
+
+
+def test_total_epoch_and_paused_time_come_from_status_series_and_events():
+    state = RunState(info=run_info())
+    assert state.total_steps is None and state.epoch is None
+    state.set_status(Status(state="running", step=5, total_steps=1120, epoch=2))
+    assert state.total_steps == 1120 and state.epoch == 2
+    state.set_status(Status(state="running", step=5))
+    state.add_metrics(Metrics(rows=[[s, 100.0 + s, {"train/epoch": 3.0}] for s in range(1, 6)]))
+    assert state.epoch == 3
+    state.add_event(Event(kind="command", step=5, wall=105.5, message="pause: paused at step 5",
+                          data={"id": "p", "name": "pause", "ok": True}))
+    state.add_event(Event(kind="command", step=5, wall=205.5, message="resume: resumed at step 5",
+                          data={"id": "r", "name": "resume", "ok": True}))
+    state.add_metrics(Metrics(rows=[[s, 200.0 + s, {}] for s in range(6, 11)]))
+    assert state.rate.rate() == pytest.approx(1.0)  # not 10 steps in 110 s

@@ -4,7 +4,8 @@ A source is a plain class with its own threads, no Textual: ``start(post)`` retu
 once and the source calls ``post(obj)`` from its own thread with what it learns, in order:
 
 - one ``History`` (everything the store held when the source looked),
-- then live protocol messages (``Metrics``, ``Status``, ``Ack``, ``Event``, ``LayerNames``, ``Layers``),
+- then live protocol messages (``Metrics``, ``Status``, ``Ack``, ``Event``, ``LayerNames``, ``Layers``,
+  ``Schedule``),
   ``Backfill`` (rows read back from the store to fill a gap in the live stream),
   ``LogLines`` (new lines of the script's output.log), ``InfoChanged`` (run.json changed)
   and ``Connection`` (the link to the engine came up, went down, or never will).
@@ -25,7 +26,7 @@ from typing import Callable
 
 from ptdash.shared import rundir
 from ptdash.shared.config import RunInfo
-from ptdash.shared.protocol import Command, Event, LayerNames, Layers, Status
+from ptdash.shared.protocol import Command, Event, LayerNames, Layers, Schedule, Status
 
 Columns = dict[str, tuple[list[int], list[float | None]]]
 """``{series name: (steps, values)}``, as the store reader returns a series."""
@@ -57,6 +58,8 @@ class History:
     """Per rank above 0, the series the Ranks tab reads (decimated to ``history.RANK_POINTS``)."""
     samples: dict[int, Columns] = field(default_factory=dict)
     """Per rank, host and GPU readings taken by time: ``{name: (walls, values)}``."""
+    schedule: Schedule | None = None
+    """The newest stored LR schedule ahead (or the note saying why there is none)."""
 
 
 @dataclass

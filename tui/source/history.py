@@ -58,6 +58,7 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
     names: LayerNames | None = None
     ranks: dict[int, Columns] = {}
     samples: dict[int, Columns] = {}
+    schedule = None
     damage: StoreError | None = None
     try:
         reader = StoreReader(Path(run_dir) / STORE_NAME)
@@ -78,6 +79,7 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
             meta = reader.meta()
             layers = reader.layers(limit=LAYER_FLUSHES)
             names = reader.layer_names(layers[-1].step) if layers else None
+            schedule = reader.schedule()
             size = world_size(info, meta)
             others = list(range(1, size)) if size else [r for r in reader.ranks() if r != 0]
             ranks = load_ranks(reader, others)
@@ -88,7 +90,8 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
     last_step = walls[0][-1] if walls[0] else None
     status = status_from_files(info, last_step) if info is not None else None
     return History(info=info, series=series, walls=walls, events=events, status=status, meta=meta,
-                   pending=pending, layers=layers, layer_names=names, ranks=ranks, samples=samples)
+                   pending=pending, layers=layers, layer_names=names, ranks=ranks, samples=samples,
+                   schedule=schedule)
 
 
 def world_size(info: RunInfo | None, meta: dict) -> int | None:

@@ -26,6 +26,7 @@ from ptdash.shared.protocol import (
     Layers,
     Metrics,
     Samples,
+    Schedule,
     Status,
     TransportError,
 )
@@ -199,7 +200,7 @@ class LiveSource(Source):
             elif isinstance(msg, Samples):
                 self._sampled[msg.rank] = max(self._sampled.get(msg.rank, 0.0), msg.rows[-1][0] if msg.rows else 0.0)
                 post(msg)
-            elif isinstance(msg, (Layers, LayerNames)):
+            elif isinstance(msg, (Layers, LayerNames, Schedule)):
                 post(msg)
             elif isinstance(msg, Event):
                 if (msg.wall, msg.message) not in self._backfilled_events:

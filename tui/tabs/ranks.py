@@ -17,7 +17,7 @@ from rich.text import Text
 from ptdash.shared.exits import describe_exit
 
 from ..chart import Chart, Line
-from ..fmt import fmt_bytes, fmt_ms, fmt_si
+from ..fmt import fmt_bytes, fmt_ms, fmt_num, fmt_si
 from ..series import Series, rank_wants
 from ..state import RunState
 from .overview import PALETTE
@@ -129,7 +129,7 @@ def table(state: RunState, width: int = 0) -> RenderableType:
         grid.add_row(
             Text(str(r.rank), "bold red" if slow else "bold"),
             "—" if r.step is None else f"{r.step:,}",
-            fmt_si(r.loss, 4),
+            fmt_num(r.loss, 4),
             fmt_ms(r.step_s),
             "N/A" if r.data_share is None else f"{r.data_share:.0%}",
             fmt_si(r.samples_per_s, 3),

@@ -25,7 +25,8 @@ class CompareTable(Widget):
 
     def render(self) -> Table:
         # Columns that do not fit are left out whole, the least needed first, rather than cut.
-        shown = fit_columns([cells for _, cells in self.rows], self.content_size.width)
+        # The run's cell carries its colour's marker: "■ name".
+        shown = fit_columns([["■ " + cells[0], *cells[1:]] for _, cells in self.rows], self.content_size.width)
         table = Table(box=None, padding=(0, 1), expand=False, show_edge=False, header_style="bold")
         for i in shown:
             table.add_column(FIGURES[i], justify="left" if i < 2 else "right", no_wrap=True, overflow="ellipsis")

@@ -11,7 +11,7 @@ from textual.widget import Widget
 from ptdash.shared.exits import describe_exit
 from ptdash.shared.protocol import ENDED, Status
 
-from ..fmt import eta, fmt_duration, fmt_si
+from ..fmt import eta, fmt_duration, fmt_num, fmt_si
 
 STATE_STYLES = {
     "starting": "bold cyan", "running": "bold green", "pausing": "bold yellow",
@@ -54,7 +54,13 @@ class RunHeader(Widget):
     """The latest Status from the engine or the run dir."""
 
     steps_per_s: reactive[float | None] = reactive(None, layout=False)
-    """Recent optimizer steps per second."""
+    """Recent optimizer steps per second, over running time."""
+
+    total_steps: reactive[int | None] = reactive(None, layout=False)
+    """The step the run ends at, when known (a scheduler's length, ``--steps``)."""
+
+    epoch: reactive[int | None] = reactive(None, layout=False)
+    """The training loop's epoch, when the engine counts it."""
 
     started: reactive[float | None] = reactive(None, layout=False)
     """Wall time the run started (for elapsed time)."""
@@ -88,21 +94,23 @@ class RunHeader(Widget):
         if self.pause_reason and status is not None and status.state == "paused":
             out.append((8, Text(self.pause_reason, "bold red")))
         if status is not None:
-            total = f"/{status.total_steps:,}" if status.total_steps else ""
+            total = f"/{self.total_steps:,}" if self.total_steps else ""
             out.append((8, Text.assemble(("step ", "dim"), (f"{status.step:,}{total}", "bold"))))
+        if self.epoch is not None:
+            out.append((6, Text.assemble(("epoch ", "dim"), (f"{self.epoch:,}", "bold"))))
         if self.steps_per_s is not None and status is not None and status.state in ("running", "pausing", "stopping"):
             out.append((5, Text.assemble((f"{fmt_si(self.steps_per_s)}", "bold"), (" it/s", "dim"))))
         if self.started is not None:
             end = self.ended if (status and status.state in ENDED and self.ended) else now
             out.append((3, Text.assemble(("elapsed ", "dim"), fmt_duration(end - self.started))))
         if status is not None and status.state in ("running", "starting"):
-            left = eta(status.step, status.total_steps, self.steps_per_s)
+            left = eta(status.step, self.total_steps, self.steps_per_s)
             if left is not None:
                 out.append((4, Text.assemble(("ETA ", "dim"), fmt_duration(left))))
         if status is not None and status.clip is not None:
-            out.append((6, Text.assemble(("clip ", "dim"), (fmt_si(status.clip), "bold yellow"))))
+            out.append((6, Text.assemble(("clip ", "dim"), (fmt_num(status.clip), "bold yellow"))))
         if status is not None and status.lr_scale != 1.0:
-            out.append((6, Text.assemble(("LR ×", "dim"), (fmt_si(status.lr_scale), "bold yellow"))))
+            out.append((6, Text.assemble(("LR ×", "dim"), (fmt_num(status.lr_scale), "bold yellow"))))
         if self.connection and self.connection != "live":
             out.append((7, Text(self.connection, "italic red" if "disconnected" in self.connection else "italic")))
         return out

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.table import Table
 from rich.text import Text
+from textual.actions import parse as parse_action
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
+
+
+def key_rows(bindings: list[Binding], check: Callable[[str, tuple], bool | None]) -> list[tuple[str, str, bool]]:
+    """(key, description, available now) of each binding, once each; ``check`` is ``check_action``."""
+    rows, seen = [], set()
+    for binding in bindings:
+        key = binding.key_display or binding.key
+        if (key, binding.action) in seen:
+            continue
+        seen.add((key, binding.action))
+        _, name, parameters = parse_action(binding.action)
+        rows.append((key, binding.description, check(name, parameters) is True))
+    return rows
 
 
 class HelpScreen(ModalScreen[None]):

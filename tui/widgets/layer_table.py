@@ -22,7 +22,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from ..bars import sparkline
-from ..fmt import fmt_si
+from ..fmt import fmt_num
 from ..tabs.layers import FLAG_STYLES, LayerRow
 
 
@@ -54,10 +54,10 @@ def cell(row: LayerRow, column: Column, recent: tuple) -> Text:
         if row.norm is None:
             text = Text("NaN/Inf" if row.flag == "nonfinite" else "N/A", FLAG_STYLES.get(row.flag or "", "dim"))
         else:
-            text = Text(fmt_si(row.norm, 3), FLAG_STYLES.get(row.flag or "", ""))
+            text = Text(fmt_num(row.norm, 3), FLAG_STYLES.get(row.flag or "", ""))
         return _fit(text, width, "right")
     if key == "ratio":
-        return _fit(Text(fmt_si(row.ratio, 2) if row.ratio is not None else ""), width, "right")
+        return _fit(Text(fmt_num(row.ratio, 2) if row.ratio is not None else ""), width, "right")
     if key == "flag":
         return _fit(Text(row.flag or "", FLAG_STYLES.get(row.flag or "", "")), width, "left")
     return _fit(Text(str(getattr(row, key))), width, column.justify)
@@ -87,6 +87,7 @@ class LayerTable(ScrollView, can_focus=True):
     LayerTable {
         background: $surface;
         scrollbar-size-vertical: 1;
+        overflow-x: hidden;  /* rows are cut to the width: a horizontal scrollbar would only show one column */
         & > .layer-table--header {
             text-style: bold;
             background: $panel;

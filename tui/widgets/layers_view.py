@@ -21,7 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Static
 
 from ..chart import Chart, Line
-from ..fmt import fmt_si
+from ..fmt import fmt_num
 from ..tabs.layers import FLAG_STYLES, SORT_LABELS, SORTS, LayerRow, LayerStats, select
 from .chart_panel import ChartPanel
 from .layer_table import Column, LayerTable
@@ -231,9 +231,9 @@ class LayersView(Widget):
         legend = Text(name, "bold")
         if row is not None:
             legend.append("  ")
-            legend.append(fmt_si(row.norm, 4) if row.norm is not None else "N/A", "bold magenta")
+            legend.append(fmt_num(row.norm, 4) if row.norm is not None else "N/A", "bold magenta")
             if row.ratio is not None:
-                legend.append(f"  Δw/w {fmt_si(row.ratio, 2)}", "dim")
+                legend.append(f"  Δw/w {fmt_num(row.ratio, 2)}", "dim")
             if row.flag:
                 legend.append(f"  {row.flag}", FLAG_STYLES[row.flag])
         panel.title = "grad norm of module" if self.grouped else "grad norm of"

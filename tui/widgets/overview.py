@@ -6,13 +6,16 @@ of each run's key figures sits under the charts.
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Container, Horizontal
 from textual.widget import Widget
 
 from .. import compare
 from ..state import RunState
 from ..tabs import overview
+from ..view import ChartView
 from .chart_panel import ChartPanel
 from .compare_table import CompareTable
 from .events_pane import EventsPane
@@ -29,9 +32,36 @@ CHARTS = (
 COMPARED = {"loss": compare.loss, "lr": compare.lr, "grad": compare.grad}
 """The charts that overlay the compared runs, and their builders."""
 
+ZOOM = Binding.Group("Zoom")
+CURSOR = Binding.Group("Cursor")
+
+CHART_BINDINGS = [
+    Binding("plus,equals_sign", "chart('zoom_in')", "Zoom in", key_display="+", id="chart.zoom_in", group=ZOOM),
+    Binding("minus", "chart('zoom_out')", "Zoom out", key_display="-", id="chart.zoom_out", group=ZOOM),
+    Binding("0", "chart('reset')", "Whole run (zoom back)", id="chart.reset", show=False),
+    Binding("left_square_bracket", "chart('back')", "Pan the zoomed range back", key_display="[",
+            id="chart.back", show=False),
+    Binding("right_square_bracket", "chart('on')", "Pan the zoomed range on", key_display="]",
+            id="chart.on", show=False),
+    Binding("comma", "chart('left')", "Cursor left (< ten times)", key_display=",", id="chart.left",
+            group=CURSOR),
+    Binding("full_stop", "chart('right')", "Cursor right (> ten times)", key_display=".", id="chart.right",
+            group=CURSOR),
+    Binding("less_than_sign", "chart('far_left')", "Cursor far left", key_display="<", show=False,
+            id="chart.far_left"),
+    Binding("greater_than_sign", "chart('far_right')", "Cursor far right", key_display=">", show=False,
+            id="chart.far_right"),
+    Binding("escape", "chart('hide')", "Hide the cursor", key_display="esc", id="chart.hide", show=False),
+    Binding("e", "chart('smooth')", "Smooth", id="chart.smooth"),
+    Binding("y", "chart('scale')", "Log y", id="chart.scale"),
+    Binding("w", "wide_events", "Widen the events pane", id="wide_events", show=False),
+]
+"""The chart keys (the app's: they work whatever has the focus); each runs ``ChartView.apply``."""
+
 
 class Overview(Widget):
-    """Lays out the first screen; the app hands it the RunState and calls ``refresh_charts``."""
+    """Lays out the first screen; the app hands it the RunState and the ChartView and calls
+    ``refresh_charts``."""
 
     DEFAULT_CSS = """
     Overview {
@@ -58,19 +88,30 @@ class Overview(Widget):
             yield LogPane(id="log")
             yield EventsPane(id="events")
 
-    def refresh_charts(self, state: RunState, runs: list[compare.Run] | None = None, by_time: bool = False) -> None:
-        """Rebuild the charts whose data changed since the last call; with ``runs``, overlay them."""
+    def toggle_wide_events(self) -> None:
+        """The events pane takes the log's room (and back)."""
+        self.toggle_class("-wide-events")
+
+    def refresh_charts(self, state: RunState, view: ChartView, runs: list[compare.Run] | None = None,
+                       by_time: bool = False) -> None:
+        """Rebuild the charts whose data or view changed since the last call; with ``runs``,
+        overlay them (the loss, LR and grad-norm charts)."""
         self.set_class(bool(runs), "-compare")
+        seen = (view.span, view.end, view.cursor, view.smoothing, view.scale)
         for key, _, build in CHARTS:
             if runs and key in COMPARED:
                 fingerprint: tuple = ("compare", compare.versions(runs, by_time))
             else:
-                fingerprint = _fingerprint(key, state)
+                fingerprint = (_fingerprint(key, state), seen)
             if self._seen.get(key) == fingerprint:
                 continue
             self._seen[key] = fingerprint
             panel = self.query_one(f"#{key}-panel", ChartPanel)
-            panel.legend, panel.chart = COMPARED[key](runs, by_time) if fingerprint[0] == "compare" else build(state)
+            if fingerprint[0] == "compare":
+                panel.legend, panel.chart = COMPARED[key](runs, by_time)
+                panel.note = Text("by time" if by_time else "by step", "dim")
+            else:
+                panel.legend, panel.chart, panel.note = build(state, view)
         if runs:
             fingerprint = (compare.versions(runs, False), tuple(r.state or "" for r in runs))
             if self._seen.get("table") != fingerprint:
@@ -86,6 +127,7 @@ def _fingerprint(key: str, state: RunState) -> tuple:
         "grad": ("grad/norm_total", "grad/clip_max", "grad/clipped", *others),
         "speed": ("throughput/samples_per_s", "time/step_s"),
     }[key]
-    extra = (state.status.lr_scale if key == "lr" and state.status is not None else None,
-             tuple(state.optimizers.items()), state.no_step)
+    # Any chart's range may follow the others' (a zoomed view), and the LR panel the schedule.
+    extra = (state.status.lr_scale if state.status is not None else None, id(state.schedule),
+             overview.extent(state), tuple(state.optimizers.items()), state.no_step)
     return names, overview.versions(state, names), extra

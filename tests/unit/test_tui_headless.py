@@ -1,0 +1,34 @@
+"""The headless progress line: step of total, values, the running rate and the ETA."""
+
+import pytest
+
+from ptdash.shared import rundir
+from ptdash.shared.protocol import Event
+from ptdash.shared.reader import StoreReader
+from ptdash.shared.store import STORE_NAME, StoreWriter
+from ptdash.tui.headless import progress_line
+from support.recorded_run import make_run
+
+
+def test_progress_line_has_the_total_and_an_eta_over_running_time(tmp_path):
+    run_dir = make_run(tmp_path, steps=500, status="running", now=1_700_000_000.0)
+    with StoreReader(run_dir / STORE_NAME) as reader:
+        line = progress_line(reader, rundir.read_info(run_dir))
+    assert line.startswith("[ptdash] step 500/2000 | loss ")
+    assert "| 20.0 steps/s | ETA 1m15s" in line  # 0.05 s a step, 1500 steps to go
+
+
+def test_a_pause_does_not_slow_the_rate(tmp_path):
+    run_dir = make_run(tmp_path, steps=500, status="running", now=1_700_000_000.0)
+    with StoreReader(run_dir / STORE_NAME) as reader:
+        walls = reader.walls()[1]
+    writer = StoreWriter(run_dir / STORE_NAME)
+    pause, resume = walls[-1] + 0.01, walls[-1] + 600.01  # ten minutes paused after step 500
+    writer.write(rows=[[501 + i, resume + 0.04 + 0.05 * i, {}] for i in range(5)], events=[
+        Event(kind="command", step=500, wall=pause, message="pause", data={"name": "pause", "ok": True}),
+        Event(kind="command", step=500, wall=resume, message="resume", data={"name": "resume", "ok": True})])
+    writer.close()
+    with StoreReader(run_dir / STORE_NAME) as reader:
+        line = progress_line(reader, rundir.read_info(run_dir))
+    rate = float(line.split(" steps/s")[0].rsplit("| ", 1)[1])
+    assert rate == pytest.approx(20.0, rel=0.03), line
