@@ -252,6 +252,7 @@ class Engine:
         """Backwards run, and neither an optimizer step nor an update cycle can be seen."""
         self.doctor.report("no-step", f"{backwards} backward() calls and no step: no torch.optim optimizer stepped, "
                            "and the gradients were never cleared between backward() calls")
+
     def _schedule_end(self, step: int) -> None:
         """A previewed schedule ends at ``step`` (flusher thread): the run's total, unless
         ``--steps`` or a OneCycleLR said. Sent with the next status, written with the next state."""
