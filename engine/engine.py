@@ -42,6 +42,7 @@ from .ranks import RankCollector
 from .recorder import Recorder, UserValues
 from .shared import rundir
 from .shared.config import RunConfig
+from .shared.limits import check_setting
 from .shared.protocol import Welcome
 from .shared.store import STORE_NAME, StoreWriter
 from .shared.transport import Server
@@ -124,10 +125,12 @@ class Engine:
         ENGINE = self
         saved = self.checkpointer.load_resume()
         if saved is not None:
-            if self.config.clip is None:
-                self.settings.clip = saved.get("clip", self.settings.clip)
-            if self.config.lr_scale is None:
-                self.settings.lr_scale = saved.get("lr_scale", 1.0)
+            # A checkpoint's settings pass the commands' checks too: the file may be anyone's.
+            clip, scale = saved.get("clip"), saved.get("lr_scale", 1.0)
+            if self.config.clip is None and (clip is None or not check_setting("clip", clip)):
+                self.settings.clip = clip
+            if self.config.lr_scale is None and not check_setting("lr_scale", scale):
+                self.settings.lr_scale = float(scale)
         self.hooks.step = self.start_step
         self.hooks.update_ratio_every = self.config.update_ratio_every
         if self.config.memory_history:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from ptdash.shared import __version__, rundir
 from ptdash.shared.config import ConfigError, RunConfig
-from ptdash.shared.protocol import TransportError, parse_positive
+from ptdash.shared.limits import parse_positive, parse_setting
+from ptdash.shared.protocol import TransportError
 
 from . import runs
 from .ctl import cmd_ctl
@@ -55,11 +56,13 @@ def _run_parser() -> argparse.ArgumentParser:
                         "(automatic when stdout is not a terminal)")
     p.add_argument("--name", help="run name (default: the script's name)")
     p.add_argument("--run-dir", type=Path, help="directory for this run (default: ./ptdash-runs/<time>-<name>)")
-    p.add_argument("--clip", type=_clip_arg, metavar="X", help="clip the gradient norm at X from the start")
-    p.add_argument("--lr-scale", type=_positive_arg("LR factor"), metavar="X", help="multiply every LR by X")
+    p.add_argument("--clip", type=_setting_arg("clip"), metavar="X",
+                   help="clip the gradient norm at X from the start (1e-6 to 1e6)")
+    p.add_argument("--lr-scale", type=_setting_arg("lr_scale"), metavar="X",
+                   help="multiply every LR by X (1e-6 to 1000)")
     p.add_argument("--checkpoint-every", type=_every_arg, metavar="N|30m",
                    help="save a checkpoint every N steps, or every so many minutes/hours (30m, 2h)")
-    p.add_argument("--keep-last", type=int, metavar="K", help="keep only the newest K checkpoints")
+    p.add_argument("--keep-last", type=_count_arg(1), metavar="K", help="keep only the newest K checkpoints")
     p.add_argument("--resume", type=Path, metavar="CKPT", help="resume from a ptdash checkpoint")
     p.add_argument("--on-anomaly", choices=("pause", "skip", "warn"), default="pause",
                    help="on a non-finite loss or gradient: pause before the update (default), skip the "
@@ -68,9 +71,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="profile optimizer steps A to B with torch.profiler")
     p.add_argument("--memory-history", action="store_true",
                    help="record CUDA allocations; on out-of-memory, save a snapshot for PyTorch's memory viewer")
-    p.add_argument("--update-ratio-every", type=int, default=100, metavar="K",
+    p.add_argument("--update-ratio-every", type=_count_arg(0), default=100, metavar="K",
                    help="measure each parameter's update/weight ratio every K steps (0: never; default 100)")
-    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+    p.add_argument("--nproc-per-node", type=_count_arg(1), default=1, metavar="N",
                    help="launch N ranks through torch.distributed's launcher (DDP)")
     p.add_argument("--detect-anomaly", action="store_true",
                    help="turn on autograd anomaly detection (slow): a failing backward names the forward "
@@ -92,11 +95,25 @@ def _positive_arg(what: str):
     return parse
 
 
-def _clip_arg(text: str) -> float | None:
-    try:
-        return parse_positive(text, "clip norm", allow_off=True)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _setting_arg(name: str):
+    def parse(text: str) -> float | None:
+        try:
+            return parse_setting(name, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def _count_arg(least: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"takes a whole number >= {least}, got {text[:32]!r}")
+        return value
+    return parse
 
 
 def _steps_arg(text: str) -> tuple[int, int]:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ptdash.shared import rundir
 from ptdash.shared.client import Client
-from ptdash.shared.protocol import ENDED, Ack, Command, Status, TransportError, parse_positive
+from ptdash.shared.limits import parse_setting
+from ptdash.shared.protocol import ENDED, Ack, Command, Status, TransportError
 
 from . import runs
 from .errors import CliError
@@ -37,8 +38,7 @@ def cmd_ctl(argv: list[str]) -> int:
         if len(words) != 1:
             raise CliError(f"{name.replace('_', '-')} takes one value ({usage})")
         try:
-            value = parse_positive(words[0], {"clip": "clip norm", "lr_scale": "LR factor",
-                                              "profile": "step count"}[name], allow_off=name == "clip")
+            value = parse_setting(name, words[0])
         except ValueError as exc:
             raise CliError(str(exc), 1) from None
     elif words:

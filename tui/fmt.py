@@ -39,6 +39,8 @@ def fmt_si(value: float | None, digits: int = 3) -> str:
     if not math.isfinite(value):
         return str(value)
     mag = abs(value)
+    if mag >= 1e15 * 0.9995:  # beyond the largest prefix: 1e30, not 1e+18T
+        return _short_exponent(value, digits)
     for scale, prefix in _SI:
         if mag >= scale * 0.9995:
             return f"{value / scale:.{digits}g}{prefix}"
@@ -47,9 +49,20 @@ def fmt_si(value: float | None, digits: int = 3) -> str:
         return f"{value:.{max(digits, int(math.log10(mag)) + 1)}g}"
     if mag == 0 or mag >= 0.01:
         return f"{value:.{digits}g}"
+    return _short_exponent(value, digits)
+
+
+def _short_exponent(value: float, digits: int) -> str:
     mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
     mantissa = mantissa.rstrip("0").rstrip(".")
     return f"{mantissa}e{int(exponent)}"
+
+
+def fmt_typed(value: float) -> str:
+    """``value`` as a person would type it back: the shortest text that reads as the same
+    number (``0.5``, ``1``, ``3e-05``), for an input box that starts at the current value."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -78,12 +91,16 @@ def eta(steps_done: int | None, total: int | None, steps_per_s: float | None) ->
     return max(0, total - steps_done) / steps_per_s
 
 
-def command_text(name: str, value: float | None) -> str:
-    """How a command reads in the events pane: ``clip 0.5``, ``LR ×0.5``, ``profile 5 steps``."""
+def command_text(name: str, value: float | None, typed: str | None = None) -> str:
+    """How a command reads in the events pane: ``clip 0.5``, ``LR ×0.5``, ``profile 5 steps``.
+
+    ``typed`` is the value as the person typed it (``1e-4``), shown instead of a rounding.
+    """
+    shown = typed.strip() if typed else fmt_si(value)
     if name == "clip":
-        return "clip off" if value is None else f"clip {fmt_si(value)}"
+        return "clip off" if value is None else f"clip {shown}"
     if name == "lr_scale":
-        return f"LR ×{fmt_si(value)}"
+        return f"LR ×{shown}"
     if name == "profile":
         return f"profile {int(value or 0)} steps"
     return name
