@@ -22,7 +22,7 @@ def _journal(tmp_path=None, rank=0):
 def test_events_are_published_at_once_and_drained_once_for_the_store():
     journal, sent, _, _ = _journal()
     event = journal.event("checkpoint", "saved", path="x.pt", seconds=math.nan)
-    assert sent == [event] and event.step == 7 and event.data == {"path": "x.pt", "seconds": None}
+    assert sent == [event] and event.step == 7 and event.data == {"path": "x.pt", "seconds": None, "nonfinite": True}
     assert journal.drain() == [event] and journal.drain() == []
 
 
