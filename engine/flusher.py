@@ -122,8 +122,11 @@ class Flusher:
             if rows or events or extra:
                 self._push({"rows": rows, "events": [to_dict(e) for e in events], "extra": extra})
             return
-        if self._store is not None and (rows or events or stored or extra):
+        if self._store is not None and (rows or events or stored or extra or self._store.pending):
+            # Never raises: what the store cannot take now it keeps and retries, and says so.
             self._store.write(rows=rows, events=events, layers=stored, extra=extra)
+            for note in self._store.take_notes():
+                self._journal.event("store", note)
         if rows or extra:
             self._publish(Metrics(rows=rows + extra))
         for msg in live:
