@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"ptdash: error: {exc}", file=sys.stderr)
         return exc.code
-    except (LookupError, FileNotFoundError, ValueError, TransportError) as exc:
+    except (LookupError, OSError, ValueError, TransportError) as exc:  # OSError: another user's files
         message = str(exc).strip('"').splitlines()
         print(f"ptdash: error: {message[0] if message else type(exc).__name__}", file=sys.stderr)
         return 1

@@ -2,7 +2,9 @@
 
 A command goes over the run's control socket like the dashboard's keys do; the engine
 applies it at the next step boundary and answers with an Ack naming the step, which is
-printed. Exit status: 0 when applied, 1 when refused or unanswered, 2 on bad usage.
+printed after the run it went to. With no RUN, only a clear choice is made (see
+``runs.resolve``): several live runs are listed, and nothing is sent. Exit status: 0 when
+applied, 1 when refused or unanswered, 2 on bad usage or an ambiguous run.
 """
 
 from __future__ import annotations
@@ -49,20 +51,34 @@ def cmd_ctl(argv: list[str]) -> int:
         ack = send_command(run.path, cmd, wait=name != "kill")
     except TransportError as exc:
         raise CliError(str(exc), 1) from None
+    label = run_label(run.path)
     if name == "kill":
-        print(f"killed {run.path.name}")
+        print(f"{label}: killed")
         return 0
     if ack is None:
-        raise CliError("no answer from the engine in time (is the step very long?)", 1)
+        raise CliError(f"{label}: no answer from the engine in time (is the step very long?)", 1)
     where = f"at step {ack.step}: " if ack.step is not None else ""
-    print(f"{name}: {where}{ack.message}" if ack.ok else f"{name} refused: {ack.message}")
+    print(f"{label}: {name}: {where}{ack.message}" if ack.ok else f"{label}: {name} refused: {ack.message}")
     return 0 if ack.ok else 1
+
+
+def run_label(path: Path) -> str:
+    """How a reply names its run: the run dir, relative to here when it is under here."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def send_command(run_dir: Path, cmd: Command, wait: bool = True, timeout: float = 120.0) -> Ack | None:
     """Send one command; with ``wait``, return the engine's Ack for it (None on timeout)."""
     info = rundir.read_info(run_dir)
-    client = Client(info.socket, rundir.read_token(run_dir), name="ctl")
+    try:
+        token = rundir.read_token(run_dir)
+    except PermissionError:
+        raise TransportError(f"cannot read {Path(run_dir) / 'token'}: permission denied "
+                             "(only the run's owner can steer it)") from None
+    client = Client(info.socket, token, name="ctl")
     client.connect()
     try:
         client.send(cmd)
