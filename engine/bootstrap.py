@@ -19,7 +19,12 @@ from .shared.config import RunConfig
 
 
 def _setup_logging(run_dir: Path) -> None:
-    handler = logging.FileHandler(run_dir / "engine.log")
+    from .shared import perms
+
+    path = run_dir / "engine.log"
+    perms.touch(path)  # the run's file mode, not the umask's
+    # What a peer sent can reach a log line: an unencodable character must not fail it.
+    handler = logging.FileHandler(path, errors="backslashreplace")
     handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s"))
     logger = logging.getLogger("ptdash")
     logger.addHandler(handler)

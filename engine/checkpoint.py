@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .discovery import Discovery, model_names, unwrap
+from .shared import perms
 
 FORMAT_VERSION = 1
 
@@ -87,10 +88,11 @@ def save_atomic(obj: dict, path: Path) -> int:
 
     Returns the file's size in bytes.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    perms.make_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        # The run's file mode from the first byte: a checkpoint is the whole model.
+        with os.fdopen(perms.open_file(tmp), "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())

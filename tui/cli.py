@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ptdash.shared import __version__, rundir
+from ptdash.shared import __version__, perms, rundir
 from ptdash.shared.config import ConfigError, RunConfig
 from ptdash.shared.limits import parse_positive, parse_setting
 from ptdash.shared.protocol import TransportError
@@ -56,6 +56,8 @@ def _run_parser() -> argparse.ArgumentParser:
                         "(automatic when stdout is not a terminal)")
     p.add_argument("--name", help="run name (default: the script's name)")
     p.add_argument("--run-dir", type=Path, help="directory for this run (default: ./ptdash-runs/<time>-<name>)")
+    p.add_argument("--share-group", metavar="GROUP",
+                   help="let GROUP read the run (dir 2750, files 0640); by default only you can (0700, 0600)")
     p.add_argument("--clip", type=_setting_arg("clip"), metavar="X",
                    help="clip the gradient norm at X from the start (1e-6 to 1e6)")
     p.add_argument("--lr-scale", type=_setting_arg("lr_scale"), metavar="X",
@@ -181,7 +183,11 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
             detect_anomaly=args.detect_anomaly, **every)
     except ConfigError as exc:
         raise CliError(str(exc), 2) from None
-    fields = dict(argv=target, cwd=os.getcwd(), python=sys.executable, config=config,
+    try:
+        group = perms.group_id(args.share_group) if args.share_group else None
+    except ValueError as exc:
+        raise CliError(f"--share-group: {exc}", 2) from None
+    fields = dict(argv=target, cwd=os.getcwd(), python=sys.executable, config=config, group=group,
                   git=_git_commit(target), ptdash_version=__version__)
     if args.run_dir:
         if args.run_dir.exists() and any(args.run_dir.iterdir()):
@@ -190,7 +196,7 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
     else:
         run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), args.name or name, **fields)
     env = dict(os.environ, PTDASH_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
-    output = open(run_dir / "output.log", "ab")
+    output = os.fdopen(perms.open_file(run_dir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
     if args.nproc_per_node > 1:
         command = [sys.executable, "-m", "ptdash.launch", "--nproc-per-node", str(args.nproc_per_node), "--", *target]
     else:

@@ -9,7 +9,8 @@ must agree on:
 - ``config``: the run's typed configuration (``RunConfig``) and run.json (``RunInfo``);
 - ``store`` / ``reader`` / ``decimate``: the metrics store's writer, its reader, and the
   min/max decimation both use;
-- ``rundir``: a run's directory and the per-user registry of runs;
+- ``rundir`` / ``perms``: a run's directory and the per-user registry of runs; who may
+  read a run (private, or shared with a group) and the modes every writer uses;
 - ``transport`` / ``client`` / ``private``: the Unix-socket server (engine), its client
   (dashboard, ``ptdash ctl``), and the private directory and peer checks they rely on;
 - ``numbers``, ``exits``, ``throttle``: finite values, moving averages and safe JSON; exit

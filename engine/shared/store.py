@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import perms
 from .decimate import merge_point
 from .numbers import json_safe
 from .protocol import Event, LayerNames, Layers, to_dict
@@ -106,6 +107,9 @@ class StoreWriter:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
+        # Made first with the run's file mode: SQLite gives its -wal and -shm files the
+        # database's own mode, whatever the umask.
+        perms.touch(self.path)
         # check_same_thread=False: the writer is created on the main thread and then used
         # only by the flusher thread.
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
