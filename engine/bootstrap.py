@@ -76,6 +76,7 @@ def _run_dir(argv: list[str]) -> tuple[Path | None, RunConfig]:
 
 
 def main() -> int:
+    from .checkpoint import ResumeError
     from .controls import StopTraining
     from .engine import Engine
     from .shared import rundir
@@ -101,6 +102,9 @@ def main() -> int:
         script_globals = run_target(argv)
     except StopTraining:
         state = "stopped"
+    except ResumeError as exc:  # the checkpoint does not fit: one line, not a traceback
+        print(f"ptdash: {exc}", file=sys.stderr)
+        state, code, detail = "crashed", exc.code, str(exc)
     except SystemExit as exc:
         if exc.code is None:
             code = 0

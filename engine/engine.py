@@ -175,7 +175,7 @@ class Engine:
             self.server.stop()
             self.store.close()
             rundir.update_info(self.run_dir, status=state, exit_code=exit_code, ended=time.time(),
-                               step=self.hooks.step)
+                               step=self.hooks.step, detail=detail.strip().splitlines()[-1] if detail.strip() else None)
             rundir.unregister(self.info.id)
         ENGINE = None
 

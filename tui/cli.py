@@ -28,7 +28,7 @@ from ptdash.shared.config import ConfigError, RunConfig
 from ptdash.shared.limits import parse_positive, parse_setting
 from ptdash.shared.protocol import TransportError
 
-from . import runs
+from . import checks, runs
 from .ctl import cmd_ctl
 from .errors import CliError
 from .headless import headless
@@ -147,6 +147,7 @@ def _every_arg(text: str) -> tuple[str, float]:
 def _check_target(target: list[str], module: str | None) -> tuple[list[str], str]:
     """The bootstrap's argv and the run name; one-line errors for a bad script."""
     if module:
+        checks.module(module)
         return ["-m", module, *target], module.rsplit(".", 1)[-1]
     if not target:
         raise CliError("no script given (usage: ptdash [options] script.py [args...])")
@@ -172,8 +173,7 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
         kind, value = args.checkpoint_every
         every = {"checkpoint_every" if kind == "steps" else "checkpoint_every_s": value}
     if args.resume:
-        if not args.resume.is_file():
-            raise CliError(f"checkpoint {args.resume} does not exist", 2)
+        checks.checkpoint(args.resume)
     try:
         config = RunConfig(
             clip=args.clip, lr_scale=args.lr_scale, keep_last=args.keep_last,
@@ -190,11 +190,16 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
     fields = dict(argv=target, cwd=os.getcwd(), python=sys.executable, config=config, group=group,
                   git=_git_commit(target), ptdash_version=__version__)
     if args.run_dir:
-        if args.run_dir.exists() and any(args.run_dir.iterdir()):
-            raise CliError(f"--run-dir {args.run_dir} exists and is not empty", 2)
-        run_dir = rundir.create(args.run_dir.parent, args.run_dir.name, exact=True, **fields)
+        checks.run_dir(args.run_dir)
     else:
-        run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), args.name or name, **fields)
+        checks.run_dir(Path(rundir.DEFAULT_ROOT), root=True)
+    try:
+        if args.run_dir:
+            run_dir = rundir.create(args.run_dir.parent, args.run_dir.name, exact=True, **fields)
+        else:
+            run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), args.name or name, **fields)
+    except OSError as exc:  # what the checks could not foresee (a full disk, a race)
+        raise CliError(f"cannot create the run dir: {exc.strerror or exc}: {exc.filename or ''}", 1) from None
     env = dict(os.environ, PTDASH_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
     output = os.fdopen(perms.open_file(run_dir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
     if args.nproc_per_node > 1:
