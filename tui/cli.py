@@ -198,8 +198,11 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
             run_dir = rundir.create(args.run_dir.parent, args.run_dir.name, exact=True, **fields)
         else:
             run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), args.name or name, **fields)
+    except TransportError:
+        raise  # an unsafe private dir: its own one-line reason
     except OSError as exc:  # what the checks could not foresee (a full disk, a race)
-        raise CliError(f"cannot create the run dir: {exc.strerror or exc}: {exc.filename or ''}", 1) from None
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise CliError(f"cannot create the run dir: {exc.strerror or exc}{where}", 1) from None
     env = dict(os.environ, PTDASH_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
     output = os.fdopen(perms.open_file(run_dir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
     if args.nproc_per_node > 1:
