@@ -25,7 +25,12 @@ from .shared.config import RunConfig
 
 
 def _setup_logging(run_dir: Path) -> None:
-    handler = logging.FileHandler(run_dir / "engine.log")
+    from .shared import perms
+
+    path = run_dir / "engine.log"
+    perms.touch(path)  # the run's file mode, not the umask's
+    # What a peer sent can reach a log line: an unencodable character must not fail it.
+    handler = logging.FileHandler(path, errors="backslashreplace")
     handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s"))
     logger = logging.getLogger("ptdash")
     logger.addHandler(handler)
@@ -91,6 +96,7 @@ def _run_dir(argv: list[str]) -> tuple[Path | None, RunConfig]:
 
 
 def main() -> int:
+    from .checkpoint import ResumeError
     from .controls import StopTraining
     from .engine import Engine
     from .shared import rundir
@@ -116,6 +122,9 @@ def main() -> int:
         script_globals = run_target(argv)
     except StopTraining:
         state = "stopped"
+    except ResumeError as exc:  # the checkpoint does not fit: one line, not a traceback
+        print(f"ptdash: {exc}", file=sys.stderr)
+        state, code, detail = "crashed", exc.code, str(exc)
     except SystemExit as exc:
         if exc.code is None:
             code = 0

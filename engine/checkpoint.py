@@ -22,12 +22,29 @@ import torch
 
 from .discovery import Discovery, model_names, unwrap
 from .invisible import own
+from .shared import perms
 
 FORMAT_VERSION = 1
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or applied; the message is one line for the user."""
+
+
+class ResumeError(SystemExit):
+    """A ``--resume`` checkpoint that does not fit the script's objects, found before its
+    first step: the run ends there, crashed, with this one line (exit status 2).
+
+    A SystemExit, so the script's ``except Exception`` does not swallow it; its
+    ``finally`` blocks run.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 # ------------------------------------------------------------------------------- rng
@@ -88,10 +105,11 @@ def save_atomic(obj: dict, path: Path) -> int:
 
     Returns the file's size in bytes.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    perms.make_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        # The run's file mode from the first byte: a checkpoint is the whole model.
+        with os.fdopen(perms.open_file(tmp), "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
@@ -124,26 +142,65 @@ def load(path: Path) -> dict:
 
 def apply(ckpt: dict, models, optimizers, schedulers, scalers) -> tuple[list[str], list[str]]:
     """Load the checkpoint's states into the live objects; return what was restored and
-    warnings for mismatches."""
+    warnings for what does not pair up. Raises CheckpointError, before changing anything,
+    when a model's parameter names or shapes differ from the checkpoint's, and when a
+    state is refused."""
     restored, warnings = [], []
     saved_models = ckpt.get("models", {})
-    for name, model in zip(model_names(models), models):
-        if name in saved_models:
-            unwrap(model).load_state_dict(saved_models[name])
-            restored.append(f"model {name}")
-        else:
-            warnings.append(f"no saved state for model {name}")
+    names = model_names(models)
+    if len(models) == 1 and len(saved_models) == 1 and names[0] not in saved_models:
+        # One model each, of another class name (renamed, or wrapped): its parameters decide.
+        (saved_name,) = saved_models
+        warnings.append(f"model {names[0]} loaded from the checkpoint's {saved_name}")
+        saved_models = {names[0]: saved_models[saved_name]}
+    for name, model in zip(names, models):
+        if name not in saved_models:
+            raise CheckpointError(f"it has no state for the script's model {name} "
+                                  f"(it holds {', '.join(saved_models) or 'no model'})")
+        problem = misfit(saved_models[name], unwrap(model).state_dict())
+        if problem:
+            raise CheckpointError(f"it does not fit the script's model {name}: {problem}")
+    for name, model in zip(names, models):
+        _load(f"model {name}", unwrap(model), saved_models[name])
+        restored.append(f"model {name}")
     for kind, live in (("optimizers", optimizers), ("schedulers", schedulers), ("scalers", scalers)):
         saved = ckpt.get(kind, [])
         if len(saved) != len(live):
             warnings.append(f"checkpoint has {len(saved)} {kind}, the script made {len(live)}")
         for obj, state in zip(live, saved):
-            obj.load_state_dict(state)
+            _load(kind[:-1], obj, state)
             restored.append(f"{kind[:-1]} {type(obj).__name__}")
     if "rng" in ckpt:
         set_rng_state(ckpt["rng"])
         restored.append("the RNG states")
     return restored, warnings
+
+
+def misfit(saved: dict, live: dict) -> str | None:
+    """How a saved state dict differs from a live one in names and shapes, in one line, or None."""
+    def listed(names: list[str]) -> str:
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    def shape(value) -> str:
+        return "x".join(map(str, value.shape)) or "a scalar"
+
+    missing = [k for k in live if k not in saved]
+    unexpected = [k for k in saved if k not in live]
+    resized = [f"{k} is {shape(saved[k])} in the checkpoint, {shape(live[k])} in the model" for k in live
+               if k in saved and hasattr(saved[k], "shape") and hasattr(live[k], "shape")
+               and tuple(saved[k].shape) != tuple(live[k].shape)]
+    parts = ([f"{len(missing)} missing ({listed(missing)})"] if missing else []) + \
+            ([f"{len(unexpected)} unexpected ({listed(unexpected)})"] if unexpected else []) + resized[:2] + \
+            ([f"{len(resized) - 2} more of other shapes"] if len(resized) > 2 else [])
+    return "; ".join(parts) or None
+
+
+def _load(what: str, obj, state) -> None:
+    try:
+        obj.load_state_dict(state)
+    except Exception as exc:  # torch's messages run to many lines: keep the first
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"its {what} state does not fit the script's: {first}") from None
 
 
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
@@ -228,11 +285,17 @@ class Checkpointer:
         return self._resume is not None
 
     def apply_resume(self) -> None:
-        """Load the checkpoint into the script's objects (at its first forward or step)."""
+        """Load the checkpoint into the script's objects (at its first forward or step).
+
+        Raises ResumeError when it does not fit them, ending the run before its first step.
+        """
         ckpt, self._resume = self._resume, None
         d = self._discovery
-        restored, warnings = apply(ckpt, d.ensure_models(), d.live(d.optimizers), d.top_schedulers(),
-                                   d.live(d.scalers))
+        try:
+            restored, warnings = apply(ckpt, d.ensure_models(), d.live(d.optimizers), d.top_schedulers(),
+                                       d.live(d.scalers))
+        except CheckpointError as exc:
+            raise ResumeError(f"cannot resume from {self._config.resume}: {exc}") from None
         self._journal.event("run", f"resumed from {self._config.resume} at step {self.start_step}: restored "
                             f"{', '.join(restored) or 'nothing'}; not restored: where the script's data loop was "
                             "(it continues exactly only if it starts at ptdash.start_step())"

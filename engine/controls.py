@@ -11,12 +11,12 @@ pause loop.
 from __future__ import annotations
 
 import collections
-import math
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .shared.protocol import Command, validate_command
+from .shared.limits import check_setting, validate_command
+from .shared.protocol import Command
 
 
 class StopTraining(SystemExit):
@@ -39,10 +39,9 @@ class Settings:
     """Factor on every param group's LR, on top of the schedulers."""
 
     def __post_init__(self) -> None:
-        if self.clip is not None and not (math.isfinite(self.clip) and self.clip > 0):
-            raise ValueError(f"clip must be a finite number > 0, got {self.clip}")
-        if not (math.isfinite(self.lr_scale) and self.lr_scale > 0):
-            raise ValueError(f"lr_scale must be a finite number > 0, got {self.lr_scale}")
+        error = (self.clip is not None and check_setting("clip", self.clip)) or check_setting("lr_scale", self.lr_scale)
+        if error:
+            raise ValueError(error)
 
 
 @dataclass

@@ -44,6 +44,7 @@ from .ranks import RankCollector
 from .recorder import Recorder, UserValues
 from .shared import rundir
 from .shared.config import RunConfig
+from .shared.limits import check_setting
 from .shared.protocol import Welcome
 from .shared.store import STORE_NAME, StoreWriter
 from .shared.transport import Server
@@ -100,7 +101,7 @@ class Engine:
                 Welcome(run_id=self.info.id, run_dir=str(self.run_dir), pid=os.getpid(),
                         world_size=self.dist.world_size),
                 on_command=self.controls.submit, on_connect=self._greeting)
-        self.preview = (SchedulePreview(self.discovery, lambda: self.hooks.main() if self.hooks.main else None,
+        self.preview = (SchedulePreview(self.discovery, lambda: self.hooks.main.ref() if self.hooks.main else None,
                                         lambda: self.hooks.step, lambda: self.settings.lr_scale,
                                         lambda: self.journal.total_steps,
                                         on_end=self._schedule_end) if self.primary else None)
@@ -137,10 +138,12 @@ class Engine:
         ENGINE = self
         saved = self.checkpointer.load_resume()
         if saved is not None:
-            if self.config.clip is None:
-                self.settings.clip = saved.get("clip", self.settings.clip)
-            if self.config.lr_scale is None:
-                self.settings.lr_scale = saved.get("lr_scale", 1.0)
+            # A checkpoint's settings pass the commands' checks too: the file may be anyone's.
+            clip, scale = saved.get("clip"), saved.get("lr_scale", 1.0)
+            if self.config.clip is None and (clip is None or not check_setting("clip", clip)):
+                self.settings.clip = clip
+            if self.config.lr_scale is None and not check_setting("lr_scale", scale):
+                self.settings.lr_scale = float(scale)
         self.hooks.step = self.start_step
         self.journal.total_steps = self.config.steps
         self.hooks.update_ratio_every = self.config.update_ratio_every
@@ -192,7 +195,7 @@ class Engine:
             self.server.stop()
             self.store.close()
             rundir.update_info(self.run_dir, status=state, exit_code=exit_code, ended=time.time(),
-                               step=self.hooks.step)
+                               step=self.hooks.step, detail=detail.strip().splitlines()[-1] if detail.strip() else None)
             rundir.unregister(self.info.id)
         ENGINE = None
 

@@ -127,8 +127,11 @@ class Flusher:
             if rows or events or samples:
                 self._push({"rows": rows, "events": [to_dict(e) for e in events], "samples": samples})
             return
-        if self._store is not None and (rows or events or stored or samples or schedules):
+        if self._store is not None and (rows or events or stored or samples or schedules or self._store.pending):
+            # Never raises: what the store cannot take now it keeps and retries, and says so.
             self._store.write(rows=rows, events=events, layers=stored + schedules, samples=samples)
+            for note in self._store.take_notes():
+                self._journal.event("store", note)
         if rows:
             self._publish(Metrics(rows=rows))
         if samples:
@@ -139,13 +142,17 @@ class Flusher:
             self._ranks.collect(rows)
 
     def _schedule_ahead(self, rows: list) -> list:
-        """What to send about the LR schedule ahead; a failure there must not lose the rows."""
+        """What to send about the LR schedule ahead; a failure there must not lose the rows.
+
+        A preview that failed once is off for the rest of the run (logged once, not per flush).
+        """
         if self._schedule is None:
             return []
         try:
             return self._schedule.observe(rows)
         except Exception:
-            log.exception("schedule preview failed")
+            log.exception("schedule preview failed; it is off for the rest of the run")
+            self._schedule = None
             return []
 
     def _layers(self, layer_rows: list) -> tuple[list, list]:

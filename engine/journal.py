@@ -18,8 +18,10 @@ from typing import Callable
 
 from .controls import Settings
 from .shared import rundir
+from .shared.limits import show
 from .shared.numbers import json_safe
-from .shared.protocol import Ack, Command, Event, Message, Status, to_dict
+from .shared.protocol import COMMANDS, Ack, Command, Event, Message, Status, to_dict
+from .shared.throttle import Throttle
 
 log = logging.getLogger("ptdash.journal")
 
@@ -48,6 +50,7 @@ class Journal:
         self._lock = threading.Lock()
         self._pending: list[Event] = []
         self._commands: list[dict] = []
+        self._refusals = Throttle(burst=20, window=10.0)
 
     def status(self) -> Status:
         s = self._settings
@@ -75,9 +78,15 @@ class Journal:
                 log.exception("could not update run.json")
 
     def event(self, kind: str, message: str, **data) -> Event:
-        """Journal an event (stored at the next flush) and publish it now."""
-        ev = Event(kind=kind, step=self._step(), wall=time.time(), message=message, data=json_safe(data)[0],
-                   rank=self.rank)
+        """Journal an event (stored at the next flush) and publish it now.
+
+        ``data`` is made JSON-safe here, once: a non-finite number becomes null and the
+        event says so with ``"nonfinite": true``, so it can always be stored and sent.
+        """
+        safe, replaced = json_safe(data)
+        if replaced:
+            safe["nonfinite"] = True
+        ev = Event(kind=kind, step=self._step(), wall=time.time(), message=str(message), data=safe, rank=self.rank)
         with self._lock:
             self._pending.append(ev)
             if kind == "command":
@@ -90,8 +99,19 @@ class Journal:
         if self.rank != 0:
             return
         self._publish(Ack(id=cmd.id, name=cmd.name, ok=ok, step=step, message=message))
-        self.event("command", f"{cmd.name}: {message}" if ok else f"{cmd.name} refused: {message}",
-                   id=cmd.id, name=cmd.name, value=cmd.value, ok=ok, applied_step=step)
+        held = 0
+        if not ok:
+            # Every refusal is answered; a flood of them (a fuzzer, a runaway script) is
+            # journaled a few at a time, each saying how many went unjournaled before it.
+            allowed, held = self._refusals.allow()
+            if not allowed:
+                return
+        name = cmd.name if cmd.name in COMMANDS else show(cmd.name, 32)
+        text = f"{name}: {message}" if ok else f"{name} refused: {message}"
+        if held:
+            text += f" ({held} earlier refusals not journaled)"
+        self.event("command", text, id=cmd.id, name=cmd.name, value=cmd.value, ok=ok, applied_step=step,
+                   **({"unjournaled": held} if held else {}))
 
     def drain(self) -> list[Event]:
         """The events journaled since the previous drain (for the store)."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
+from .shared import perms
+
 TOP_LIMIT = 20
 """Rows kept in a summary's ``"top"`` table."""
 
@@ -138,8 +140,9 @@ class ProfileWindow:
             return summary
         try:
             path = self.out_dir / f"profile-step{self.step_index}-{last}.json"
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+            perms.make_dir(self.out_dir)
             prof.export_chrome_trace(str(path))
+            perms.secure(path)
             summary["trace"] = str(path)
             summary["top"] = summarize(prof.key_averages(), self._device)
         except Exception as exc:

@@ -18,10 +18,11 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
+from ptdash.shared.limits import BOUNDS
 from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Samples, Schedule, Status
 
 from .compare import Comparison
-from .fmt import command_text, fmt_num
+from .fmt import command_text, fmt_typed
 from .messages import SourceUpdate
 from .source import Backfill, Connection, History, InfoChanged, LogLines, Source, new_command_id
 from .state import EventLine, RunState
@@ -290,10 +291,10 @@ class DashboardApp(App[str]):
             return None
         return True
 
-    def send(self, name: str, value: float | None = None) -> None:
-        """Send a command and note it in the events pane; its ack will follow there."""
+    def send(self, name: str, value: float | None = None, typed: str | None = None) -> None:
+        """Send a command and note it in the events pane (its value as ``typed``); its ack will follow there."""
         command = Command(id=new_command_id(), name=name, value=value)
-        text = command_text(name, value)
+        text = command_text(name, value, typed)
         if self.source.can_control:
             self._sent[command.id] = text
             self.source.send(command)
@@ -345,21 +346,26 @@ class DashboardApp(App[str]):
 
     def action_clip(self) -> None:
         status = self.state.status
-        current = fmt_num(status.clip) if status is not None and status.clip is not None else ""
+        clip = status.clip if status is not None else None
+        # With no override, a big change is judged against the script's own clip norm.
+        script = self.state.series.get("grad/clip_max")
         dialog = ValueDialog(
-            "Gradient clip norm", "clip norm",
-            "Largest total grad norm from the next step on; \"off\" gives clipping back to the script.",
-            allow_off=True, current=current)
-        self.push_screen(dialog, lambda v: v is not None and self.send("clip", None if v == "off" else v))
+            "Gradient clip norm", "clip",
+            f"Largest total grad norm from the next step on ({BOUNDS['clip'].text}); \"off\" gives "
+            "clipping back to the script.",
+            current=fmt_typed(clip) if clip is not None else "",
+            reference=clip if clip is not None else script.latest() if script is not None else None)
+        self.push_screen(dialog, lambda v: v is not None and self.send("clip", v.value, v.text))
 
     def action_lr_factor(self) -> None:
         status = self.state.status
-        current = f"{status.lr_scale:g}" if status is not None else "1"
+        scale = status.lr_scale if status is not None else 1.0
         dialog = ValueDialog(
-            "LR factor", "LR factor",
-            "Multiplies every param group's scheduled LR from the next step (1 = as scheduled).",
-            current=current)
-        self.push_screen(dialog, lambda v: v is not None and self.send("lr_scale", v))
+            "LR factor", "lr_scale",
+            "Multiplies every param group's scheduled LR from the next step (1 = as scheduled; "
+            f"{BOUNDS['lr_scale'].text}).",
+            current=fmt_typed(scale), reference=scale)
+        self.push_screen(dialog, lambda v: v is not None and self.send("lr_scale", v.value, v.text))
 
     def action_stop(self) -> None:
         self.push_screen(StopDialog(), lambda choice: choice is not None and self.send(choice))

@@ -25,11 +25,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ptdash.shared import __version__, rundir
+from ptdash.shared import __version__, perms, rundir
 from ptdash.shared.config import ConfigError, RunConfig
-from ptdash.shared.protocol import TransportError, parse_positive
+from ptdash.shared.limits import parse_positive, parse_setting
+from ptdash.shared.protocol import TransportError
 
-from . import runs, subcommands
+from . import checks, runs, subcommands
 from .ctl import cmd_ctl
 from .errors import CliError
 from .headless import headless
@@ -55,12 +56,16 @@ def _run_parser() -> argparse.ArgumentParser:
                         "(automatic when stdout is not a terminal)")
     p.add_argument("--name", help="run name (default: the script's name)")
     p.add_argument("--run-dir", type=Path, help="directory for this run (default: ./ptdash-runs/<time>-<name>)")
-    p.add_argument("--clip", type=_clip_arg, metavar="X", help="clip the gradient norm at X from the start")
-    p.add_argument("--lr-scale", type=_positive_arg("LR factor"), metavar="X", help="multiply every LR by X")
+    p.add_argument("--share-group", metavar="GROUP",
+                   help="let GROUP read the run (dir 2750, files 0640); by default only you can (0700, 0600)")
+    p.add_argument("--clip", type=_setting_arg("clip"), metavar="X",
+                   help="clip the gradient norm at X from the start (1e-6 to 1e6)")
+    p.add_argument("--lr-scale", type=_setting_arg("lr_scale"), metavar="X",
+                   help="multiply every LR by X (1e-6 to 1000)")
     p.add_argument("--checkpoint-every", type=_every_arg, metavar="N|30m",
                    help="save a checkpoint every N steps, or every so many minutes/hours (30m, 2h)")
-    p.add_argument("--keep-last", type=int, metavar="K", help="keep only the newest K checkpoints")
-    p.add_argument("--steps", type=int, metavar="N",
+    p.add_argument("--keep-last", type=_count_arg(1), metavar="K", help="keep only the newest K checkpoints")
+    p.add_argument("--steps", type=_count_arg(1), metavar="N",
                    help="the run's length in optimizer steps, for the total and ETA when its schedule "
                         "does not say (display only)")
     p.add_argument("--resume", type=Path, metavar="CKPT", help="resume from a ptdash checkpoint")
@@ -71,9 +76,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="profile optimizer steps A to B with torch.profiler")
     p.add_argument("--memory-history", action="store_true",
                    help="record CUDA allocations; on out-of-memory, save a snapshot for PyTorch's memory viewer")
-    p.add_argument("--update-ratio-every", type=int, default=100, metavar="K",
+    p.add_argument("--update-ratio-every", type=_count_arg(0), default=100, metavar="K",
                    help="measure each parameter's update/weight ratio every K steps (0: never; default 100)")
-    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+    p.add_argument("--nproc-per-node", type=_count_arg(1), default=1, metavar="N",
                    help="launch N ranks through torch.distributed's launcher (DDP)")
     p.add_argument("--detect-anomaly", action="store_true",
                    help="turn on autograd anomaly detection (slow): a failing backward names the forward "
@@ -95,11 +100,25 @@ def _positive_arg(what: str):
     return parse
 
 
-def _clip_arg(text: str) -> float | None:
-    try:
-        return parse_positive(text, "clip norm", allow_off=True)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _setting_arg(name: str):
+    def parse(text: str) -> float | None:
+        try:
+            return parse_setting(name, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def _count_arg(least: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"takes a whole number >= {least}, got {text[:32]!r}")
+        return value
+    return parse
 
 
 def _steps_arg(text: str) -> tuple[int, int]:
@@ -131,6 +150,7 @@ def _every_arg(text: str) -> tuple[str, float]:
 def _check_target(target: list[str], module: str | None) -> tuple[list[str], str]:
     """The bootstrap's argv and the run name; one-line errors for a bad script."""
     if module:
+        checks.module(module)
         return ["-m", module, *target], module.rsplit(".", 1)[-1]
     if not target:
         raise CliError("no script given (usage: ptdash [options] script.py [args...])")
@@ -156,8 +176,7 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
         kind, value = args.checkpoint_every
         every = {"checkpoint_every" if kind == "steps" else "checkpoint_every_s": value}
     if args.resume:
-        if not args.resume.is_file():
-            raise CliError(f"checkpoint {args.resume} does not exist", 2)
+        checks.checkpoint(args.resume)
     try:
         config = RunConfig(
             clip=args.clip, lr_scale=args.lr_scale, keep_last=args.keep_last,
@@ -167,16 +186,28 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
             detect_anomaly=args.detect_anomaly, steps=args.steps, **every)
     except ConfigError as exc:
         raise CliError(str(exc), 2) from None
-    fields = dict(argv=target, cwd=os.getcwd(), python=sys.executable, config=config,
+    try:
+        group = perms.group_id(args.share_group) if args.share_group else None
+    except ValueError as exc:
+        raise CliError(f"--share-group: {exc}", 2) from None
+    fields = dict(argv=target, cwd=os.getcwd(), python=sys.executable, config=config, group=group,
                   git=_git_commit(target), ptdash_version=__version__, total_steps=args.steps)
     if args.run_dir:
-        if args.run_dir.exists() and any(args.run_dir.iterdir()):
-            raise CliError(f"--run-dir {args.run_dir} exists and is not empty", 2)
-        run_dir = rundir.create(args.run_dir.parent, args.run_dir.name, exact=True, **fields)
+        checks.run_dir(args.run_dir)
     else:
-        run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), args.name or name, **fields)
+        checks.run_dir(Path(rundir.DEFAULT_ROOT), root=True)
+    try:
+        if args.run_dir:
+            run_dir = rundir.create(args.run_dir.parent, args.run_dir.name, exact=True, **fields)
+        else:
+            run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), args.name or name, **fields)
+    except TransportError:
+        raise  # an unsafe private dir: its own one-line reason
+    except OSError as exc:  # what the checks could not foresee (a full disk, a race)
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise CliError(f"cannot create the run dir: {exc.strerror or exc}{where}", 1) from None
     env = dict(os.environ, PTDASH_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
-    output = open(run_dir / "output.log", "ab")
+    output = os.fdopen(perms.open_file(run_dir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
     if args.nproc_per_node > 1:
         command = [sys.executable, "-m", "ptdash.launch", "--nproc-per-node", str(args.nproc_per_node), "--", *target]
     else:
@@ -264,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `ptdash ls --json | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (LookupError, FileNotFoundError, ValueError, TransportError) as exc:
+    except (LookupError, OSError, ValueError, TransportError) as exc:  # OSError: another user's files
         message = str(exc).strip('"').splitlines()
         print(f"ptdash: error: {message[0] if message else type(exc).__name__}", file=sys.stderr)
         return 1

@@ -2,8 +2,10 @@
 
 A command goes over the run's control socket like the dashboard's keys do; the engine
 applies it at the next step boundary and answers with an Ack naming the step, which is
-printed (with ``--json``, as one JSON object). Exit status: 0 when applied, 1 when refused
-or unanswered, 2 on bad usage.
+printed after the run it went to (with ``--json``, as one JSON object). With no RUN, only
+a clear choice is made (see ``runs.resolve``): several live runs are listed, and nothing is
+sent. Exit status: 0 when applied, 1 when refused or unanswered, 2 on bad usage or an
+ambiguous run.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path
 
 from ptdash.shared import rundir
 from ptdash.shared.client import Client
-from ptdash.shared.protocol import ENDED, Ack, Command, Status, TransportError, parse_positive
+from ptdash.shared.limits import parse_setting
+from ptdash.shared.protocol import ENDED, Ack, Command, Status, TransportError
 
 from . import runs, subcommands
 from .errors import CliError
@@ -40,8 +43,7 @@ def cmd_ctl(argv: list[str]) -> int:
         if len(words) != 1:
             raise CliError(f"{name.replace('_', '-')} takes one value ({usage})")
         try:
-            value = parse_positive(words[0], {"clip": "clip norm", "lr_scale": "LR factor",
-                                              "profile": "step count"}[name], allow_off=name == "clip")
+            value = parse_setting(name, words[0])
         except ValueError as exc:
             raise CliError(str(exc), 1) from None
     elif words:
@@ -52,25 +54,39 @@ def cmd_ctl(argv: list[str]) -> int:
         ack = send_command(run.path, cmd, wait=name != "kill")
     except TransportError as exc:
         raise CliError(str(exc), 1) from None
+    label = run_label(run.path)
     if name == "kill":
-        ack = Ack(id=cmd.id, name=name, ok=True, step=None, message=f"killed {run.path.name}")
+        ack = Ack(id=cmd.id, name=name, ok=True, step=None, message="killed")
     if ack is None:
-        raise CliError("no answer from the engine in time (is the step very long?)", 1)
+        raise CliError(f"{label}: no answer from the engine in time (is the step very long?)", 1)
     if args.json:
         print(json.dumps({"run_dir": str(run.path), "command": ack.name, "value": value, "id": ack.id, "ok": ack.ok,
                           "step": ack.step, "message": ack.message}))
     elif name == "kill":
-        print(ack.message)
+        print(f"{label}: killed")
     else:
         where = f"at step {ack.step}: " if ack.step is not None else ""
-        print(f"{name}: {where}{ack.message}" if ack.ok else f"{name} refused: {ack.message}")
+        print(f"{label}: {name}: {where}{ack.message}" if ack.ok else f"{label}: {name} refused: {ack.message}")
     return 0 if ack.ok else 1
+
+
+def run_label(path: Path) -> str:
+    """How a reply names its run: the run dir, relative to here when it is under here."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def send_command(run_dir: Path, cmd: Command, wait: bool = True, timeout: float = 120.0) -> Ack | None:
     """Send one command; with ``wait``, return the engine's Ack for it (None on timeout)."""
     info = rundir.read_info(run_dir)
-    client = Client(info.socket, rundir.read_token(run_dir), name="ctl")
+    try:
+        token = rundir.read_token(run_dir)
+    except PermissionError:
+        raise TransportError(f"cannot read {Path(run_dir) / 'token'}: permission denied "
+                             "(only the run's owner can steer it)") from None
+    client = Client(info.socket, token, name="ctl")
     client.connect()
     try:
         client.send(cmd)

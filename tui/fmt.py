@@ -40,7 +40,7 @@ def fmt_si(value: float | None, digits: int = 3) -> str:
     if not math.isfinite(value):
         return str(value)
     mag = abs(value)
-    if mag >= 1e15:
+    if mag >= 1e15 * 0.9995:  # beyond the largest prefix: 1e30, not 1e+18T
         return _exponent(value, digits)
     for scale, prefix in _SI:
         if mag >= scale * 0.9995:
@@ -79,6 +79,13 @@ def _exponent(value: float, digits: int) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
+def fmt_typed(value: float) -> str:
+    """``value`` as a person would type it back: the shortest text that reads as the same
+    number (``0.5``, ``1``, ``3e-05``), for an input box that starts at the current value."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
 def fmt_bytes(n: float | None) -> str:
     """``512 B``, ``1.5 KiB``, ``3.2 GiB``; N/A for None."""
     if n is None:
@@ -105,12 +112,16 @@ def eta(steps_done: int | None, total: int | None, steps_per_s: float | None) ->
     return max(0, total - steps_done) / steps_per_s
 
 
-def command_text(name: str, value: float | None) -> str:
-    """How a command reads in the events pane: ``clip 0.5``, ``LR ×0.5``, ``profile 5 steps``."""
+def command_text(name: str, value: float | None, typed: str | None = None) -> str:
+    """How a command reads in the events pane: ``clip 0.5``, ``LR ×0.5``, ``profile 5 steps``.
+
+    ``typed`` is the value as the person typed it (``1e-4``), shown instead of a rounding.
+    """
+    shown = typed.strip() if typed else fmt_num(value)
     if name == "clip":
-        return "clip off" if value is None else f"clip {fmt_num(value)}"
+        return "clip off" if value is None else f"clip {shown}"
     if name == "lr_scale":
-        return f"LR ×{fmt_num(value)}"
+        return f"LR ×{shown}"
     if name == "profile":
         return f"profile {int(value or 0)} steps"
     return name

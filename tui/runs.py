@@ -1,4 +1,5 @@
-"""Finding runs: by path, by name or id, or the newest live one. Stdlib only."""
+"""Finding runs: by path, by name or id, or the one live run when that choice is clear.
+Stdlib only."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from ptdash.shared.config import RunInfo
 from ptdash.shared.protocol import ENDED
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME, StoreError
+
+from .errors import CliError
 
 LS_STATES = {"running": "live", "starting": "starting", "pausing": "paused", "paused": "paused",
              "stopping": "stopping"}
@@ -59,11 +62,25 @@ class RunSummary:
         return step
 
 
+class Ambiguous(CliError):
+    """More than one run fits: the message lists them (exit status 2), nothing is acted on."""
+
+    def __init__(self, what: str, candidates: list[RunSummary]) -> None:
+        lines = [f"  {r.path.name[:40]:<40} {r.state:<9} {'' if r.step is None else f'{r.step:,}':>9}  {r.path}"
+                 for r in candidates]
+        super().__init__(f"{len(candidates)} {what}, so none was chosen; name one (a run dir, name or id):\n"
+                         + "\n".join(lines), 2)
+        self.candidates = candidates
+
+
 def all_runs(root: Path | None = None, everywhere: bool = False) -> list[RunSummary]:
     """Runs under ``root`` (default ./ptdash-runs) plus every registered live run, oldest first;
-    with ``everywhere``, every run the user created anywhere (``rundir.recorded``) too."""
+    with ``everywhere``, every run the user created anywhere (``rundir.recorded``) too.
+
+    A run this user cannot read (another user's, private) is left out.
+    """
     root = Path(root or rundir.DEFAULT_ROOT)
-    dirs = {p.resolve() for p in root.glob("*/") if (p / rundir.RUN_JSON).is_file()} if root.is_dir() else set()
+    dirs = {p.resolve() for p in root.glob("*/") if _readable_run(p)} if root.is_dir() else set()
     dirs.update(p.resolve() for p in rundir.registered())
     if everywhere:
         dirs.update(p.resolve() for p in rundir.recorded())
@@ -76,25 +93,49 @@ def all_runs(root: Path | None = None, everywhere: bool = False) -> list[RunSumm
     return sorted(runs, key=lambda r: r.started)
 
 
-def resolve(spec: str | None, live_only: bool = False, everywhere: bool = False) -> RunSummary:
-    """The run named by ``spec`` (a run dir, or part of a run's name or id); newest if None.
+def _readable_run(path: Path) -> bool:
+    try:
+        return (path / rundir.RUN_JSON).is_file()
+    except OSError:  # a private run dir of another user
+        return False
 
-    With ``everywhere``, a name is looked for among every run the user created (``ls --all``).
-    Raises LookupError with a one-line message.
+
+def resolve(spec: str | None, live_only: bool = False, everywhere: bool = False) -> RunSummary:
+    """The run named by ``spec``: a run dir, a run's id or name, or a part of a name only one
+    run has.
+
+    With no ``spec`` and ``live_only`` (``ctl``, ``attach``), only a clear choice is made:
+    the one live run under ./ptdash-runs, else this user's one live run anywhere. With
+    no ``spec`` otherwise (``doctor``), the newest run. With ``everywhere``, a name is
+    looked for among every run the user created (``ls --all``). Raises LookupError with a
+    one-line message when nothing fits, and Ambiguous listing the candidates when several do.
     """
-    if spec and (Path(spec) / rundir.RUN_JSON).is_file():
-        path = Path(spec).resolve()
-        return RunSummary(path, rundir.read_info(path))
+    if spec:
+        try:
+            if (Path(spec) / rundir.RUN_JSON).is_file():
+                path = Path(spec).resolve()
+                return RunSummary(path, rundir.read_info(path))
+        except PermissionError:
+            raise LookupError(f"cannot read run {spec}: permission denied (it is another user's)") from None
     runs = all_runs(everywhere=everywhere)
     if spec:
-        runs = [r for r in runs if spec in r.path.name or spec == r.info.id]
+        exact = [r for r in runs if spec in (r.path.name, r.info.id, r.info.name)]
+        runs = exact or [r for r in runs if spec in r.path.name]
+    live = "live " if live_only else ""
     if live_only:
         runs = [r for r in runs if r.live]
+    which = f"{live}runs match {spec!r}"
+    if not spec and not live_only:
+        runs = runs[-1:]
+    elif not spec:
+        here = [r for r in runs if r.path.parent == Path(rundir.DEFAULT_ROOT).resolve()]
+        runs, which = (here, f"live runs are under ./{rundir.DEFAULT_ROOT}") if here else (runs, "of your runs are live")
     if not runs:
         what = f"matching {spec!r}" if spec else ""
-        raise LookupError(f"no {'live ' if live_only else ''}run {what}".replace("  ", " ").strip()
-                          + " (see `ptdash ls`)")
-    return runs[-1]
+        raise LookupError(f"no {live}run {what}".replace("  ", " ").strip() + " (see `ptdash ls`)")
+    if len(runs) > 1:
+        raise Ambiguous(which, runs)
+    return runs[0]
 
 
 def age(seconds: float) -> str:

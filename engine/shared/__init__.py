@@ -4,14 +4,17 @@ Standard library only: the terminal side imports this package and nothing else o
 training side, so it never pulls in torch. What lives here is everything both halves
 must agree on:
 
-- ``protocol``: the messages on the control socket, their framing and validation;
+- ``protocol``: the messages on the control socket and their framing;
+- ``limits``: the live settings' ranges and the one check of a command or a typed value;
 - ``config``: the run's typed configuration (``RunConfig``) and run.json (``RunInfo``);
 - ``store`` / ``reader`` / ``decimate``: the metrics store's writer, its reader, and the
   min/max decimation both use;
-- ``rundir``: a run's directory and the per-user registry of runs;
+- ``rundir`` / ``perms``: a run's directory and the per-user registry of runs; who may
+  read a run (private, or shared with a group) and the modes every writer uses;
 - ``transport`` / ``client`` / ``private``: the Unix-socket server (engine), its client
   (dashboard, ``ptdash ctl``), and the private directory and peer checks they rely on;
-- ``numbers``, ``exits``: finite values, moving averages and safe JSON; exit codes in words.
+- ``numbers``, ``exits``, ``throttle``: finite values, moving averages and safe JSON; exit
+  codes in words; a budget for repeated log lines.
 """
 
 __version__ = "0.1.0"

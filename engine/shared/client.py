@@ -46,8 +46,15 @@ class Client:
             sock.close()
             raise TransportError(f"cannot connect to {self.path}: {exc.strerror or exc}") from None
         self.sock = sock
-        self.send(Hello(token=self._token, client=self._name))
-        msg = self.recv(timeout)
+        try:
+            self.send(Hello(token=self._token, client=self._name))
+        except TransportError:
+            pass  # refused before our hello was read (too many clients): the reason waits for us
+        try:
+            msg = self.recv(timeout)
+        except TransportError:
+            self.close()
+            raise
         if isinstance(msg, Refused):
             self.close()
             raise TransportError(f"the engine refused the connection: {msg.reason}")
@@ -57,11 +64,14 @@ class Client:
         return msg
 
     def send(self, msg: Message) -> None:
-        """Send one message (blocking; commands are tiny)."""
+        """Send one message (blocking; commands are tiny); raise TransportError when the engine has gone."""
         if self.sock is None:
             raise TransportError("not connected")
         with self._send_lock:
-            self.sock.sendall(protocol.encode(msg))
+            try:
+                self.sock.sendall(protocol.encode(msg))
+            except OSError as exc:
+                raise TransportError(f"connection to the engine lost: {exc.strerror or exc}") from None
 
     def recv(self, timeout: float | None = None) -> Message | None:
         """The next message, None on timeout; raise TransportError when the engine has gone."""

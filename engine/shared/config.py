@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .limits import BOUNDS, check_setting
 from .protocol import STATES
 
 ANOMALY_ACTIONS = ("pause", "skip", "warn")
@@ -31,6 +32,14 @@ def _positive(name: str, value: float | None, allow_none: bool = True) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _setting(name: str, value: float | None) -> None:
+    # The same ranges as the live commands (limits.BOUNDS): a bad --lr-scale is refused
+    # before the run starts, not at its first step.
+    error = None if value is None else check_setting(name, value)
+    if error:
+        raise ConfigError(f"{name}: {error}")
 
 
 def _count(name: str, value: int | None, least: int) -> None:
@@ -75,8 +84,8 @@ class RunConfig:
     only informs the display (the total, the ETA and how far the LR schedule is previewed)."""
 
     def __post_init__(self) -> None:
-        _positive("clip", self.clip)
-        _positive("lr_scale", self.lr_scale)
+        _setting("clip", self.clip)
+        _setting("lr_scale", self.lr_scale)
         _count("checkpoint_every", self.checkpoint_every, 1)
         _positive("checkpoint_every_s", self.checkpoint_every_s)
         _count("keep_last", self.keep_last, 1)
@@ -93,6 +102,9 @@ class RunConfig:
             if len(steps) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps) \
                     or not 1 <= steps[0] <= steps[1]:
                 raise ConfigError(f"profile_steps must be (first, last) with 1 <= first <= last, got {self.profile_steps!r}")
+            if steps[1] - steps[0] + 1 > BOUNDS["profile"].high:
+                raise ConfigError(f"profile_steps covers {steps[1] - steps[0] + 1} steps; "
+                                  f"a profile is {BOUNDS['profile'].text}")
             object.__setattr__(self, "profile_steps", steps)
         for name in ("memory_history", "detect_anomaly"):
             if not isinstance(getattr(self, name), bool):

@@ -55,16 +55,24 @@ def ema_series(values: list[float | None], alpha: float, steps: list[int] | None
 def json_safe(value: Any) -> tuple[Any, bool]:
     """``value`` with every non-finite float replaced by None, and whether any was.
 
-    Dicts, lists and tuples are walked; anything else JSON cannot hold (a path, an
-    exception) becomes its ``str``. The engine stores and sends event data through this,
-    so one NaN in an event can never make a flush fail.
+    Dicts, lists and tuples are walked; an integer beyond 64 bits (which SQLite cannot
+    hold) becomes a float, or None (replaced) past a float's range; anything else JSON cannot hold
+    (a path, an exception) becomes its ``str``. The engine stores and sends event data
+    through this, so one NaN in an event can never make a flush fail.
     """
     replaced = False
 
     def walk(v):
         nonlocal replaced
-        if v is None or isinstance(v, (bool, str, int)):
+        if v is None or isinstance(v, (bool, str)):
             return v
+        if isinstance(v, int):
+            if -2 ** 63 <= v < 2 ** 63:
+                return v
+            if abs(v) < 2 ** 1023:
+                return float(v)
+            replaced = True
+            return None
         if isinstance(v, float):
             if math.isfinite(v):
                 return v

@@ -17,6 +17,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .numbers import json_safe
+
 VERSION = 2
 """Schema version; a peer with another version is refused at the handshake.
 
@@ -247,53 +249,6 @@ MESSAGES: dict[str, type[Message]] = {
 }
 
 
-# ----------------------------------------------------------------------- validation
-
-
-def validate_command(cmd: Command) -> str | None:
-    """Return why ``cmd`` cannot be applied, or None when it is valid.
-
-    The dashboard checks the same rules in its dialogs; the engine checks again because
-    the socket may carry anything.
-    """
-    if cmd.name not in COMMANDS:
-        return f"unknown command {cmd.name!r}"
-    if cmd.name == "clip" and cmd.value is not None:
-        return _positive_finite(cmd.value, "clip norm")
-    if cmd.name == "lr_scale":
-        return _positive_finite(cmd.value, "LR factor")
-    if cmd.name == "profile":
-        if not isinstance(cmd.value, (int, float)) or cmd.value != int(cmd.value) or not 1 <= cmd.value <= 1000:
-            return "profile takes a whole number of steps from 1 to 1000"
-    return None
-
-
-def _positive_finite(value: Any, what: str) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{what} must be a number, got {value!r}"
-    if not math.isfinite(value) or value <= 0:
-        return f"{what} must be a finite number > 0, got {value!r}"
-    return None
-
-
-def parse_positive(text: str, what: str, allow_off: bool = False) -> float | None:
-    """Parse a number typed by a person: finite and > 0, or ``off`` when allowed.
-
-    Raises ValueError with a one-line message fit to show under the field.
-    """
-    text = text.strip()
-    if allow_off and text.lower() in ("off", "none", ""):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{what} must be a number{' or off' if allow_off else ''}, got {text!r}") from None
-    error = _positive_finite(value, what)
-    if error:
-        raise ValueError(error)
-    return value
-
-
 # --------------------------------------------------------------------------- framing
 
 
@@ -345,25 +300,99 @@ def _check_types(msg: Message) -> None:
 
 
 def encode(msg: Message) -> bytes:
-    """One length-prefixed frame holding ``msg``."""
-    payload = json.dumps(to_dict(msg), separators=(",", ":"), allow_nan=False).encode()
+    """One length-prefixed frame holding ``msg``.
+
+    Never fails on a value JSON cannot hold: a non-finite number travels as null and
+    anything else as its text (``numbers.json_safe``), so one NaN in an event cannot stop
+    a flush's messages. Raises ProtocolError only for a frame above MAX_FRAME.
+    """
+    body = to_dict(msg)
+    try:
+        text = json.dumps(body, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError):  # the rare message holding NaN, a path, a huge int
+        text = json.dumps(json_safe(body)[0], separators=(",", ":"), allow_nan=False)
+    payload = text.encode()
     if len(payload) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
     return _HEADER.pack(len(payload)) + payload
 
 
+INT_LIMIT = 2 ** 63
+"""Integers on the wire are 64-bit (what SQLite stores); a longer one is refused at decode."""
+
+
+class _Unfit:
+    """Stands in, while decoding, for a number the protocol does not carry."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
 def decode(payload: bytes) -> Message:
-    """The message in one frame's payload (without its length prefix)."""
+    """The message in one frame's payload (without its length prefix).
+
+    Raises ProtocolError, and nothing else, for any payload: not UTF-8 JSON, nested too
+    deeply, or holding a number the protocol does not carry (NaN, infinity, ``1e309``, an
+    integer beyond 64 bits however many digits it has), named by its field.
+    """
+    unfit: list[_Unfit] = []
+
+    def refuse(text: str) -> _Unfit:
+        marker = _Unfit(text)
+        unfit.append(marker)
+        return marker
+
+    def parse_float(text: str):
+        value = float(text)  # JSON's number syntax always converts; too large becomes inf
+        return value if math.isfinite(value) else refuse(text)
+
+    def parse_int(text: str):
+        # Length first: int() of thousands of digits raises (Python's digit limit).
+        if len(text) <= 20:
+            value = int(text)
+            if -INT_LIMIT <= value < INT_LIMIT:
+                return value
+        return refuse(text)
+
     try:
-        body = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
+        body = json.loads(payload.decode("utf-8"), parse_float=parse_float, parse_int=parse_int,
+                          parse_constant=refuse)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"frame is not UTF-8 JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("JSON nested too deeply") from None
+    except ValueError as exc:  # whatever else the parser refuses, in one line
+        raise ProtocolError(f"frame is not valid JSON: {str(exc)[:120]}") from None
+    if unfit:
+        raise ProtocolError(_unfit_message(body, unfit[0]))
     return from_dict(body)
 
 
-def _reject_constant(name: str):
-    # Python's json accepts NaN and Infinity; the protocol (like JSON itself) does not.
-    raise ProtocolError(f"{name} is not valid JSON")
+def _unfit_message(body: Any, marker: _Unfit) -> str:
+    """``bad command message: value is 1e309, not a finite number within 64 bits``."""
+    kind = body.get("type") if isinstance(body, dict) else None
+    what = f"bad {kind[:32]} message" if isinstance(kind, str) else "bad message"
+    text = marker.text if len(marker.text) <= 24 else f"{marker.text[:12]}... ({len(marker.text)} characters)"
+    return f"{what}: {_path_to(body, marker) or 'a value'} is {text}, not a finite number within 64 bits"
+
+
+def _path_to(value: Any, marker: _Unfit, path: str = "") -> str | None:
+    """Where ``marker`` sits inside ``value``: ``value``, ``rows[3][2].loss``."""
+    if value is marker:
+        return path
+    if isinstance(value, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for where, item in items:
+        found = _path_to(item, marker, where)
+        if found is not None:
+            return found
+    return None
 
 
 class FrameReader:

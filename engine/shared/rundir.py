@@ -11,6 +11,9 @@ ptdash-runs/20261130-101500-train/
   profiles/         profiler traces
 ```
 
+The run dir is private to its owner (0700, its files 0600), or shared with a group
+(2750/0640): see perms.py.
+
 Two per-user registries, each a folder of ``<id>`` files holding a run dir's path:
 ``<private dir>/runs/`` lists the live runs (the engine adds and removes itself), so
 ``ptdash attach`` and ``ptdash ls`` find them from any directory; ``$XDG_STATE_HOME/ptdash/all-runs/``
@@ -30,6 +33,7 @@ import socket
 import time
 from pathlib import Path
 
+from . import perms
 from .config import ConfigError, RunInfo
 from .private import private_dir
 
@@ -37,11 +41,12 @@ DEFAULT_ROOT = "ptdash-runs"
 RUN_JSON = "run.json"
 
 
-def create(root: Path, name: str, exact: bool = False, **fields) -> Path:
+def create(root: Path, name: str, exact: bool = False, group: int | None = None, **fields) -> Path:
     """Make a new run dir under ``root`` with its token and an initial run.json.
 
     The dir is ``root/<time>-<name>``, or ``root/<name>`` when ``exact`` (an empty
-    existing directory is reused then). ``fields`` are RunInfo fields (argv, config...).
+    existing directory is reused then). It is private to this user, or readable by
+    ``group`` (a gid). ``fields`` are RunInfo fields (argv, config...).
     """
     sockets = private_dir()  # first: an unsafe socket directory leaves nothing behind
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -49,17 +54,18 @@ def create(root: Path, name: str, exact: bool = False, **fields) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     if exact:
         path = root / name
-        path.mkdir(exist_ok=True)
+        perms.make_run_dir(path, group, exist_ok=True)
     else:
         for n in range(1000):
             path = root / (f"{stamp}-{slug}" + (f"-{n}" if n else ""))
             try:
-                path.mkdir()
+                perms.make_run_dir(path, group)
                 break
             except FileExistsError:
                 continue
     run_id = secrets.token_hex(4)
     token_path = path / "token"
+    # 0600 even in a shared run: its group may read the run, never steer it.
     fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
@@ -89,7 +95,8 @@ def write_info(run_dir: Path, info: RunInfo) -> None:
     """Replace run.json atomically, so a reader never sees half of it."""
     path = Path(run_dir) / RUN_JSON
     tmp = path.with_name(f".{RUN_JSON}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(info.to_json(), indent=2, default=str))
+    with os.fdopen(perms.open_file(tmp), "w") as f:
+        f.write(json.dumps(info.to_json(), indent=2, default=str))
     os.replace(tmp, path)
 
 

@@ -24,8 +24,10 @@ import logging
 import math
 import sqlite3
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+from . import perms
 from .decimate import merge_point
 from .numbers import json_safe
 from .protocol import Event, LayerNames, Layers, Schedule, to_dict
@@ -81,6 +83,24 @@ ON CONFLICT (level, name_id, rank, bucket) DO UPDATE SET
 """
 
 
+BACKLOG_ITEMS = 200_000
+"""Items (rows, events, layer records) kept for a retry while the store cannot be written."""
+
+
+@dataclass
+class _Part:
+    """One kind of a flush's items, written in one transaction (and retried as one)."""
+
+    kind: str
+    """``scalars`` (``items`` are rows by step), ``samples`` (rows by wall time), ``events`` or ``layers``."""
+    rank: int
+    items: list
+
+    @property
+    def size(self) -> int:
+        return len(self.items)
+
+
 class StoreError(RuntimeError):
     """The store is missing or damaged; the message says which and how far it was read."""
 
@@ -90,6 +110,9 @@ class StoreWriter:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
+        # Made first with the run's file mode: SQLite gives its -wal and -shm files the
+        # database's own mode, whatever the umask.
+        perms.touch(self.path)
         # check_same_thread=False: the writer is created on the main thread and then used
         # only by the flusher thread.
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -104,6 +127,14 @@ class StoreWriter:
         )
         self._last: dict[tuple[int, int], float] = {}
         """Newest stored step of each (name id, rank): older steps are rewrites."""
+        self._backlog: list[_Part] = []
+        self._notes: list[str] = []
+        self._behind = False
+        """Whether items wait for a retry (said once when it starts, once when it ends)."""
+        self.rejected = 0
+        """Items dropped because the database can never hold them."""
+        self.lost = 0
+        """Items dropped because the database could not be written for too long."""
 
     def _name_id(self, name: str) -> int:
         id_ = self._name_ids.get(name)
@@ -117,7 +148,7 @@ class StoreWriter:
 
     def write(self, rows=(), rank: int = 0, events: list[Event] = (),
               layers: list[Layers | LayerNames | Schedule] = (), samples=()) -> None:
-        """Write one flush in a single transaction.
+        """Write one flush; never raises for what it is given.
 
         ``rows``: ``[step, wall, {name: value}]`` lists (value None for non-finite);
         ``events``: Event messages (each stored under its own ``rank``); ``layers``:
@@ -125,34 +156,113 @@ class StoreWriter:
         kind, rank and step); ``samples``: ``[wall, {name: value}]`` readings taken by
         time, not by step (host and GPU, once a second), so a run of slow steps keeps its
         whole history of them.
+
+        Scalars, samples, events and layer records go in separate transactions, so one
+        cannot take the others down. A part the database cannot take now (disk full,
+        locked, an I/O error) is kept, in order, and retried at the next write; an item it
+        can never take (a value SQLite cannot hold) is found by writing that part item by
+        item, and is dropped and counted (``rejected``). ``take_notes`` says what happened.
         """
+        fresh = [_Part("scalars", rank, list(rows)), _Part("samples", rank, list(samples)),
+                 _Part("events", rank, list(events)), _Part("layers", rank, list(layers))]
+        parts, self._backlog = self._backlog + [p for p in fresh if p.size], []
+        stuck: set[str] = set()
+        for part in parts:
+            if part.kind in stuck:  # keeps each kind in order behind what still waits
+                self._backlog.append(part)
+                continue
+            try:
+                self._write_part(part)
+            except sqlite3.OperationalError as exc:
+                stuck.add(part.kind)
+                self._keep(part, exc)
+            except Exception as exc:  # noqa: BLE001 - a bad item: find it, keep the rest
+                self._write_each(part, exc, stuck)
+        self._trim_backlog()
+        if self._behind and not self._backlog:
+            self._notes.append("caught up: everything kept for a retry is written")
+        self._behind = bool(self._backlog)
+
+    def take_notes(self) -> list[str]:
+        """What went wrong (or right again) since the last call, one line each, for the journal
+        (as ``store`` events: "store: cannot write now (database or disk is full)...")."""
+        notes, self._notes = self._notes, []
+        return notes
+
+    @property
+    def pending(self) -> int:
+        """Items kept for a retry."""
+        return sum(p.size for p in self._backlog)
+
+    def _write_part(self, part: _Part) -> None:
         with self._transaction():
-            ids = self._name_ids
-            scalars, steps = [], []
-            for step, wall, values in rows:
-                steps.append((rank, step, wall))
-                for name, value in values.items():
-                    scalars.append((ids.get(name) or self._name_id(name), rank, step, value))
-            timed = [(ids.get(name) or self._name_id(name), rank, wall, value)
-                     for wall, values in samples for name, value in values.items()]
-            if timed:
-                self._db.executemany("INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?)", timed)
-            if steps:
-                self._db.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", steps)
-            if scalars:
-                deltas, redo = self._plan_summary(scalars)
-                self._db.executemany("INSERT OR REPLACE INTO scalars VALUES (?, ?, ?, ?)", scalars)
-                self._update_summary(deltas, redo)
-            if events:
+            if part.kind == "scalars":
+                self._write_scalars(part.rank, part.items)
+            elif part.kind == "samples":
+                ids = self._name_ids
+                self._db.executemany("INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?)", [
+                    (ids.get(name) or self._name_id(name), part.rank, wall, value)
+                    for wall, values in part.items for name, value in values.items()])
+            elif part.kind == "events":
                 self._db.executemany(
                     "INSERT INTO events (wall, step, kind, message, data, rank) VALUES (?, ?, ?, ?, ?, ?)",
-                    [(e.wall, e.step, e.kind, e.message, _json(e.data), e.rank) for e in events],
-                )
-            if layers:
+                    [(e.wall, e.step, e.kind, e.message, _json(e.data), e.rank) for e in part.items])
+            else:
                 self._db.executemany(
                     "INSERT OR REPLACE INTO blobs VALUES (?, ?, ?, ?)",
-                    [(msg.type, msg.rank, msg.step, _json(to_dict(msg)).encode()) for msg in layers],
-                )
+                    [(msg.type, msg.rank, msg.step, _json(to_dict(msg)).encode()) for msg in part.items])
+
+    def _write_each(self, part: _Part, first: Exception, stuck: set[str]) -> None:
+        """Write ``part`` one item a transaction: the bad ones are dropped, the rest stored."""
+        bad = 0
+        singles = [_Part(part.kind, part.rank, [item]) for item in part.items]
+        for single in singles:
+            if part.kind in stuck:
+                self._backlog.append(single)
+                continue
+            try:
+                self._write_part(single)
+            except sqlite3.OperationalError as exc:
+                stuck.add(part.kind)
+                self._keep(single, exc)
+            except Exception:  # noqa: BLE001 - this item can never be stored
+                bad += 1
+        if bad:
+            self.rejected += bad
+            self._notes.append(f"refused {bad} {part.kind} item(s) and dropped them: "
+                               f"{type(first).__name__}: {str(first)[:120]}")
+            log.warning("store: %d %s item(s) refused: %s", bad, part.kind, first)
+
+    def _keep(self, part: _Part, exc: Exception) -> None:
+        if not self._behind:
+            self._notes.append(f"cannot write now ({exc}); "
+                               "what it could not take is kept and retried")
+            log.warning("store: cannot write %s now: %s", part.kind, exc)
+            self._behind = True
+        self._backlog.append(part)
+
+    def _trim_backlog(self) -> None:
+        """A store that stays unwritable (a full disk for hours) keeps the newest items only."""
+        lost = 0
+        while self._backlog and self.pending > BACKLOG_ITEMS:
+            lost += self._backlog.pop(0).size
+        if lost:
+            self.lost += lost
+            self._notes.append(f"could not be written for too long: {lost} older items were lost")
+
+    def _write_scalars(self, rank: int, rows: list) -> None:
+        ids = self._name_ids
+        scalars, steps = [], []
+        for step, wall, values in rows:
+            steps.append((rank, step, wall))
+            for name, value in values.items():
+                scalars.append((ids.get(name) or self._name_id(name), rank, step, value))
+        if steps:
+            self._db.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", steps)
+        if scalars:
+            deltas, redo = self._plan_summary(scalars)
+            self._db.executemany("INSERT OR REPLACE INTO scalars VALUES (?, ?, ?, ?)", scalars)
+            self._update_summary(deltas, redo)
 
     def _plan_summary(self, scalars: list[tuple]) -> tuple[dict[tuple, list], set[tuple]]:
         """How the flush's scalars change the summary, decided before they are inserted.
@@ -221,14 +331,21 @@ class StoreWriter:
         try:
             yield
         except BaseException:
-            self._db.execute("ROLLBACK")
-            # The in-memory newest steps may now be ahead of the store: look them up again.
+            if self._db.in_transaction:  # SQLite rolls some errors back itself (a full disk)
+                self._db.execute("ROLLBACK")
+            # What is cached of the store may now be ahead of it: the newest steps, and the
+            # ids of names inserted by the rolled-back transaction. Look them up again.
             self._last.clear()
+            self._name_ids.clear()
             raise
         self._db.execute("COMMIT")
 
     def close(self) -> None:
-        """Checkpoint the WAL into the main file and close."""
+        """Write what waits for a retry if it can, checkpoint the WAL into the main file and close."""
+        if self._backlog:
+            self.write()
+            if self._backlog:
+                log.warning("store: %d items could not be written before closing", self.pending)
         try:
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:

@@ -9,6 +9,9 @@ the connection closed, never raising into the engine.
 The server never blocks its callers: ``publish`` appends to per-client buffers. A client
 that does not read loses live metrics (counted, sent later as ``dropped``) but never
 slows training; one whose buffer of must-deliver messages overflows is disconnected.
+What all clients together may cost is bounded too: at most MAX_CLIENTS connections and
+TOTAL_BUFFER unsent bytes; beyond that a new client is refused with the reason. Notes
+about refusals go to engine.log through a Throttle, so a flood of them costs a few lines.
 Stdlib only.
 """
 
@@ -28,6 +31,7 @@ from typing import Callable
 from . import protocol
 from .private import check_private_dir, peer_uid
 from .protocol import Command, Hello, Layers, Message, Metrics, ProtocolError, Refused, Samples, Welcome
+from .throttle import Throttle
 
 log = logging.getLogger("ptdash.shared.transport")
 
@@ -43,6 +47,18 @@ HARD_BUFFER = 32 * 1024 * 1024
 MAX_CLIENT_FRAME = 64 * 1024
 """Clients only send small commands; a larger frame from one is refused."""
 
+MAX_CLIENTS = 32
+"""Connections served at once (dashboards, ``ptdash ctl``, peers still saying hello)."""
+
+TOTAL_BUFFER = 64 * 1024 * 1024
+"""Unsent bytes across every client. Live metrics get at most half of it, shared among
+the clients; above half, new clients are refused; above all of it, the client holding
+the most is disconnected."""
+
+
+def _printable(text: str) -> str:
+    """``text`` safe for a log line: what a peer sent may hold lone surrogates."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 # --------------------------------------------------------------------------- server
@@ -87,6 +103,8 @@ class Server:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.refusals: list[str] = []
+        """The latest notes (up to 100), every one of them, logged or not."""
+        self._throttle = Throttle()
 
     def start(self) -> None:
         """Bind the socket (0600) and start serving."""
@@ -119,6 +137,8 @@ class Server:
         self._wake()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        if self._throttle.held:
+            log.warning("%d more notes about clients were not logged", self._throttle.held)
         try:
             self.path.unlink()
         except FileNotFoundError:
@@ -130,20 +150,25 @@ class Server:
             return sum(1 for c in self._clients.values() if c.authed)
 
     def publish(self, msg: Message) -> None:
-        """Queue ``msg`` for every authenticated client; never blocks.
+        """Queue ``msg`` for every authenticated client; never blocks, never raises.
 
         Live samples (metrics and per-layer statistics) are dropped for a client whose
-        buffer is full, metrics rows counted; other messages (parameter names among them)
-        are always queued, up to a hard cap that disconnects the client.
+        buffer is full (METRICS_BUFFER, or its share of half of TOTAL_BUFFER), metrics
+        rows counted; other messages (parameter names among them) are always queued, up
+        to HARD_BUFFER for one client and TOTAL_BUFFER for all, which disconnect it.
         """
-        frame = protocol.encode(msg)
+        try:
+            frame = protocol.encode(msg)
+        except ProtocolError as exc:  # only a frame above MAX_FRAME: a bug, never a reason to fail
+            self._note(f"not sent: {exc}")
+            return
         is_metrics = isinstance(msg, Metrics)
         droppable = is_metrics or isinstance(msg, (Layers, Samples))
         with self._lock:
-            for client in self._clients.values():
-                if not client.authed or client.closing:
-                    continue
-                if droppable and len(client.out) > METRICS_BUFFER:
+            served = [c for c in self._clients.values() if c.authed and not c.closing]
+            share = min(METRICS_BUFFER, TOTAL_BUFFER // (2 * max(1, len(served))))
+            for client in served:
+                if droppable and len(client.out) > share:
                     client.dropped += len(msg.rows) if is_metrics else 0
                     continue
                 if is_metrics and client.dropped:
@@ -154,7 +179,18 @@ class Server:
                 if len(client.out) > HARD_BUFFER:
                     client.closing = True
                     self._note(f"client {client.name} disconnected: it stopped reading")
+            if not droppable and sum(len(c.out) for c in served) > TOTAL_BUFFER:
+                greediest = max(served, key=lambda c: len(c.out))
+                self._note(f"client {greediest.name} disconnected: the engine's send buffers are full "
+                           f"and it holds the most ({len(greediest.out) // 1024} KiB)")
+                greediest.closing = True
+                greediest.out.clear()  # it is not reading: what it holds would never leave
         self._wake()
+
+    def buffered(self) -> int:
+        """Bytes queued for every client and not yet sent."""
+        with self._lock:
+            return sum(len(c.out) for c in self._clients.values())
 
     # The serving loop and its helpers run on the server thread only.
 
@@ -165,9 +201,12 @@ class Server:
             pass
 
     def _note(self, reason: str) -> None:
+        reason = _printable(reason)
         self.refusals.append(reason)
         del self.refusals[:-100]
-        log.warning(reason)
+        allowed, held = self._throttle.allow()
+        if allowed:
+            log.warning("%s%s", reason, f" ({held} similar notes before this one were not logged)" if held else "")
 
     def _serve(self) -> None:
         try:
@@ -218,11 +257,28 @@ class Server:
             self._note(f"refused a connection from uid {uid}: only the run's owner may connect")
             self._refuse_now(sock, "only the run's owner may connect")
             return
+        reason = self._full()
+        if reason:
+            self._note(f"refused a connection: {reason}")
+            self._refuse_now(sock, reason)
+            return
         sock.setblocking(False)
         client = _Client(sock, time.monotonic())
         with self._lock:
             self._clients[client.fd] = client
         self._selector.register(sock, selectors.EVENT_READ, client)
+
+    def _full(self) -> str | None:
+        """Why no more clients can be served now, or None."""
+        with self._lock:
+            count = len(self._clients)
+            buffered = sum(len(c.out) for c in self._clients.values())
+        if count >= MAX_CLIENTS:
+            return f"too many connections ({count}); close another dashboard or ptdash ctl first"
+        if buffered >= TOTAL_BUFFER // 2:
+            return (f"the engine's send buffers are full ({buffered // 2 ** 20} MiB unsent to other clients); "
+                    "a dashboard that stopped reading (Ctrl-Z?) holds them")
+        return None
 
     def _refuse_now(self, sock: socket.socket, reason: str) -> None:
         try:
@@ -258,8 +314,6 @@ class Server:
                     return
         except ProtocolError as exc:
             self._refuse(client, f"bad frame: {exc}")
-        except RecursionError:  # JSON nested deeper than the parser goes
-            self._refuse(client, "bad frame: JSON nested too deeply")
 
     def _handle(self, client: _Client, msg: Message) -> None:
         if not client.authed:
@@ -269,7 +323,7 @@ class Server:
                 self._refuse(client, "wrong token")
             else:
                 client.authed = True
-                client.name = msg.client[:32]
+                client.name = _printable(msg.client[:32])
                 frames = b"".join(protocol.encode(m) for m in [self._welcome, *self._on_connect()])
                 with self._lock:
                     client.out += frames
@@ -303,7 +357,7 @@ class Server:
         for client in list(self._clients.values()):
             if not client.authed and not client.closing and now - client.connected_at > AUTH_TIMEOUT:
                 self._refuse(client, "no hello within the time limit")
-            if client.closing and len(client.out) > HARD_BUFFER:
+            if client.closing and (not client.out or len(client.out) > HARD_BUFFER):
                 self._close(client)
 
     def _update_interest(self) -> None:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..shared import perms
 from .na import NA, _na_to_none
 
 # Paths into torch.cuda.memory_stats_as_nested_dict(); the flat memory_stats() names are
@@ -136,8 +137,9 @@ def memory_history_dump(path: str | os.PathLike[str]) -> bool:
     if torch is None:
         return False
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        perms.make_dir(Path(path).parent)
         torch.cuda.memory._dump_snapshot(str(path))
+        perms.secure(Path(path))
         return True
     except Exception:
         return False

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ptdash.shared import rundir
 from ptdash.shared.reader import StoreReader
 from support.runner import REPO, SCRIPTS, ptdash
@@ -65,8 +67,9 @@ def test_crash_is_recorded_with_traceback(tmp_path):
     result = ptdash("--headless", "--run-dir", "run", "boom.py", cwd=tmp_path)
     assert result.returncode == 1
     log = (tmp_path / "run" / "output.log").read_text()
-    assert "RuntimeError: kaboom" in log and 'File "boom.py", line 2, in f' in log
-    assert "bootstrap.py" not in log  # the traceback is the script's, as python prints it
+    # As python prints it: the script's frames under its absolute path (3.9+), none of ptdash's.
+    assert "RuntimeError: kaboom" in log and f'File "{tmp_path / "boom.py"}", line 2, in f' in log
+    assert "bootstrap.py" not in log and "ptdash" not in log.replace(str(tmp_path), "")
     info = rundir.read_info(tmp_path / "run")
     assert info.status == "crashed"
 
@@ -135,3 +138,60 @@ def test_gradscaler_losses_are_unscaled_and_skipped_steps_leave_nothing(tmp_path
     assert steps == list(range(1, len(taken) + 1))
     assert losses == taken  # unscaled, and no skipped iteration's loss leaked into a step
     assert all(n is not None and n < 1e6 for n in norms)  # unscaled gradient norms
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "ok.py").write_text("print('ran')\n")
+    (tmp_path / "afile").write_text("")
+    return tmp_path
+
+
+@pytest.mark.parametrize("options, needle", [
+    (["--run-dir", "afile"], "--run-dir afile exists and is not a directory"),
+    (["--run-dir", "/dev/null"], "--run-dir /dev/null exists and is not a directory"),
+    (["--run-dir", "/sys/ptdash-run"], "is on sysfs, a kernel file system"),
+    (["--run-dir", "/proc/self/ptdash-run"], "is on proc, a kernel file system"),
+    (["--run-dir", "afile/run"], "afile is not a directory"),
+    (["--keep-last", "0"], "argument --keep-last: takes a whole number >= 1, got '0'"),
+    (["--keep-last", "-3"], "argument --keep-last: takes a whole number >= 1, got '-3'"),
+    (["--nproc-per-node", "0"], "argument --nproc-per-node: takes a whole number >= 1, got '0'"),
+    (["--nproc-per-node", "-2"], "argument --nproc-per-node: takes a whole number >= 1"),
+    (["--update-ratio-every", "-1"], "argument --update-ratio-every: takes a whole number >= 0"),
+    (["--lr-scale", "1e308"], "LR factor must be from 1e-6 to 1000, got '1e308'"),
+    (["--clip", "1e309"], "clip norm must be a finite number > 0"),
+    (["--profile-steps", "1:5000"], "a profile is a whole number of steps from 1 to 1000"),
+    (["--share-group", "no-such-group-here"], "--share-group: no group named 'no-such-group-here'"),
+])
+def test_every_bad_run_option_is_one_line_exit_2_and_creates_nothing(project, options, needle):
+    before = sorted(p.name for p in project.iterdir())
+    _one_line_error(ptdash("--headless", *options, "ok.py", cwd=project), 2, needle)
+    assert sorted(p.name for p in project.iterdir()) == before  # no ptdash-runs, no run dir
+
+
+@pytest.mark.parametrize("module, needle", [
+    ("no.such.module", "no module named 'no.such.module'"),
+    ("json", "'json' is a package without a __main__ module"),
+    ("pkg.missing", "no module named 'pkg.missing'"),
+    ("1abc", "-m '1abc' is not a module name"),
+])
+def test_a_module_that_cannot_run_is_one_line_exit_2_and_creates_nothing(project, module, needle):
+    (project / "pkg").mkdir()
+    (project / "pkg" / "__init__.py").write_text("print('INIT RAN')\n")
+    _one_line_error(ptdash("--headless", "-m", module, cwd=project), 2, needle)
+    assert not (project / "ptdash-runs").exists()
+
+
+def test_the_module_check_runs_none_of_the_packages_code(project):
+    (project / "pkg").mkdir()
+    (project / "pkg" / "__init__.py").write_text("print('INIT RAN')\n")
+    (project / "pkg" / "__main__.py").write_text("print('MAIN RAN')\n")
+    result = ptdash("--headless", "-m", "pkg", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("INIT RAN") == 1 and "MAIN RAN" in result.stdout  # the engine's run only
+
+
+def test_a_runs_directory_that_is_a_file_is_one_line(project):
+    (project / "ptdash-runs").write_text("")
+    _one_line_error(ptdash("--headless", "ok.py", cwd=project), 2,
+                    "the runs directory ptdash-runs exists and is not a directory")

@@ -221,14 +221,41 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(tmp_path):
     assert steps == list(range(n + 1, 2 * n + 1))
 
 
-def test_corrupt_checkpoint_is_one_line(tmp_path):
-    bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"not a checkpoint at all")
+def test_corrupt_and_foreign_checkpoints_are_refused_before_anything_starts(tmp_path):
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint at all")
+    torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
+    torch.save({"ptdash": {"version": 1, "step": 5}, "models": {}}, tmp_path / "whole.pt")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "whole.pt").read_bytes()[:200])
     (tmp_path / "ok.py").write_text("print('ran')\n")
-    result = ptdash("--headless", "--run-dir", "run", "--resume", str(bad), "ok.py", cwd=tmp_path)
-    assert result.returncode == 1
-    assert "bad.pt is unreadable" in result.stdout + result.stderr
-    assert "ran" not in (tmp_path / "run" / "output.log").read_text()
+    for name, needle in (("bad.pt", "bad.pt is unreadable"), ("cut.pt", "cut.pt is unreadable"),
+                         ("other.pt", "other.pt is not a ptdash checkpoint")):
+        result = ptdash("--headless", "--run-dir", "run", "--resume", name, "ok.py", cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("ptdash: error: ") and needle in line
+        assert "weights_only" not in line and result.stdout == ""
+        assert not (tmp_path / "run").exists()  # nothing was created
+
+
+def test_a_checkpoint_of_another_model_ends_the_run_before_its_first_step_in_one_line(tmp_path):
+    ok = ptdash("--headless", "--run-dir", "first", "--checkpoint-every", "5", str(STEADY), "--steps", "5",
+                "--sleep", "0", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    ckpt = tmp_path / "first" / "checkpoints" / "step-5.pt"
+    result = ptdash("--headless", "--run-dir", "run", "--resume", str(ckpt), str(STEADY), "--steps", "10",
+                    "--sleep", "0", "--width", "32", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout
+    log = (tmp_path / "run" / "output.log").read_text()
+    (line,) = [x for x in log.splitlines() if x.startswith("ptdash:")]
+    assert line == (f"ptdash: cannot resume from {ckpt}: it does not fit the script's model Sequential: "
+                    "0.weight is 16x8 in the checkpoint, 32x8 in the model; "
+                    "0.bias is 16 in the checkpoint, 32 in the model; 1 more of other shapes")
+    assert "Traceback" not in log and "finally ran" in log  # the script's finally ran, no stack dump
+    info = rundir.read_info(tmp_path / "run")
+    assert info.status == "crashed" and info.exit_code == 2 and info.detail == line.removeprefix("ptdash: ")
+    from ptdash.shared.reader import StoreReader
+    with StoreReader(tmp_path / "run" / "metrics.db") as s:
+        assert s.last_step() is None  # not one step was taken with the wrong weights
 
 
 def test_watch_names_the_model_and_periodic_checkpoints_keep_the_last_k(tmp_path):

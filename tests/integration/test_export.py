@@ -35,13 +35,12 @@ def test_csv_carries_every_loss_exactly(real_run):
     root, run_dir, losses = real_run
     result = ptdash("export", str(run_dir), "--format", "csv", "-o", "run.csv", cwd=root)
     assert result.returncode == 0, result.stderr
-    assert "wrote run.csv: 41 steps" in result.stderr and not result.stdout
+    assert f"wrote run.csv: {STEPS} steps" in result.stderr and not result.stdout
     with open(root / "run.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    # Step 0 holds the system sample taken before the first step, and no loss.
-    assert [int(r["step"]) for r in rows] == list(range(0, STEPS + 1)) and not rows[0]["loss"]
-    assert [float(r["loss"]) for r in rows[1:]] == losses
-    assert all(float(r["opt/lr/group0"]) > 0 and float(r["wall"]) > 0 for r in rows[1:])
+    assert [int(r["step"]) for r in rows] == list(range(1, STEPS + 1))
+    assert [float(r["loss"]) for r in rows] == losses
+    assert all(float(r["opt/lr/group0"]) > 0 and float(r["wall"]) > 0 for r in rows)
     assert not list(root.glob(".run.csv.*"))  # the temporary file was renamed into place
 
 

@@ -151,7 +151,7 @@ def test_sighup_to_the_dashboard_keeps_training_and_attach_finds_the_run(term, t
         kill_engine(run_dir)
 
 
-def test_ls_names_every_state_and_attach_picks_the_newest_live_run(tmp_path, runtime_dir, monkeypatch):
+def test_ls_names_every_state_and_attach_never_guesses_between_live_runs(tmp_path, runtime_dir, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime_dir))
     monkeypatch.chdir(tmp_path)
     env = {**ENV, "XDG_RUNTIME_DIR": str(runtime_dir)}
@@ -183,8 +183,11 @@ def test_ls_names_every_state_and_attach_picks_the_newest_live_run(tmp_path, run
         assert "1,200" in line and " 8h " in line and str((root / "c-finished").resolve()) in line
 
         from ptdash.tui import runs
-        assert runs.resolve(None, live_only=True).path.name == "b-paused"  # started after a-live
-        assert runs.resolve(None).path.name == "g-reused"
+        with pytest.raises(runs.Ambiguous) as caught:  # two live runs here: no guess
+            runs.resolve(None, live_only=True)
+        assert [r.path.name for r in caught.value.candidates] == ["a-live", "b-paused"]
+        assert caught.value.code == 2
+        assert runs.resolve(None).path.name == "g-reused"  # the newest, for reading (doctor)
         assert runs.resolve("c-fin").path.name == "c-finished"
         missing = ptdash("attach", "no-such-run", cwd=tmp_path, env=env)
         assert missing.returncode == 1 and "no run matching 'no-such-run'" in missing.stderr

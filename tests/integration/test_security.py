@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from ptdash.shared.client import Client
 from ptdash.shared.private import check_private_dir, filesystem_type, private_dir
 from ptdash.shared.protocol import Command, Hello, Status, TransportError, Welcome, encode
 from ptdash.shared.transport import Server
+from support import users
 from support.runner import ENV, SCRIPTS, Run, ptdash
 
 STEADY = SCRIPTS / "steady.py"
@@ -239,22 +239,14 @@ def test_abuse_is_refused_logged_and_never_stops_training(run):
 @pytest.fixture(scope="module")
 def intruder():
     """A throwaway account; removed afterwards."""
-    if os.getuid() != 0:
-        pytest.skip("creating another user needs root")
-    if not (shutil.which("useradd") and shutil.which("userdel") and shutil.which("runuser")):
-        pytest.skip("useradd, userdel or runuser is missing")
-    python = shutil.which("python3", path="/usr/bin:/bin")
-    if python is None:
-        pytest.skip("no system python3 the other user can run")
-    name = f"ptd-{uuid.uuid4().hex[:8]}"
-    made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                          capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"useradd failed: {made.stderr.strip()}")
+    reason = users.skip_reason()
+    if reason:
+        pytest.skip(reason)
     try:
-        yield name, pwd.getpwnam(name).pw_uid, python
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
+        with users.throwaway_user() as name:
+            yield name, pwd.getpwnam(name).pw_uid, users.system_python()
+    except RuntimeError as exc:  # useradd refused
+        pytest.skip(str(exc))
 
 
 CONNECT = """

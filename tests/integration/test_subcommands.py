@@ -13,6 +13,8 @@ import tempfile
 import pytest
 
 from ptdash.shared import rundir
+from ptdash.shared.reader import StoreReader
+from ptdash.shared.store import STORE_NAME
 from support.recorded_run import make_ddp_run, make_run
 from support.runner import ENV, SCRIPTS, Run, ptdash
 
@@ -109,7 +111,12 @@ def test_show_once_json_parses(tmp_path):
     assert summary["state"] == "finished" and summary["step"] == 120 and summary["exit_code"] == 0
     assert summary["loss"]["first"]["step"] == 1 and summary["loss"]["last"]["step"] == 120
     assert summary["loss"]["best"]["value"] <= summary["loss"]["last"]["value"]
-    assert summary["grad_norm"]["max"] == {"step": 1, "value": pytest.approx(summary["grad_norm"]["max"]["value"])}
+    with StoreReader(run_dir / STORE_NAME) as store:
+        steps, norms = store.series("grad/norm_total")
+    peak = max(range(len(norms)), key=norms.__getitem__)
+    assert summary["grad_norm"]["max"] == {"step": steps[peak], "value": pytest.approx(norms[peak])}
+    low = min(range(len(norms)), key=norms.__getitem__)
+    assert summary["grad_norm"]["min"] == {"step": steps[low], "value": pytest.approx(norms[low])}
     other = make_run(tmp_path, steps=60, status="finished", exit_code=0, name="other")
     both = json.loads(ptdash("show", str(run_dir), str(other), "--json", cwd=tmp_path).stdout)
     assert [s["step"] for s in both] == [120, 60]

@@ -30,6 +30,7 @@ from ptdash.shared.protocol import (
     Welcome,
     encode,
 )
+from ptdash.shared.throttle import Throttle
 from ptdash.shared.transport import Server
 
 TOKEN = "t" * 64
@@ -273,3 +274,79 @@ def test_many_connections_at_once_are_all_answered(served):
     for t in threads:
         t.join(10)
     assert results == [True] * 20
+
+
+def test_connections_beyond_the_cap_are_refused_with_the_reason(served, monkeypatch):
+    monkeypatch.setattr(transport, "MAX_CLIENTS", 4)
+    held = [served.client() for _ in range(2)] + [served.raw() for _ in range(2)]  # authed or not, all count
+    deadline = time.monotonic() + 5
+    while len(served.server._clients) < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with pytest.raises(TransportError, match=r"too many connections \(4\); close another dashboard"):
+        served.client()
+    assert any("refused a connection: too many connections" in note for note in served.server.refusals)
+    held.pop().close()
+    deadline = time.monotonic() + 5
+    while len(served.server._clients) >= 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    served.still_serves()  # room again
+    for c in held:
+        c.close()
+
+
+def idle_clients(served, count: int) -> list[socket.socket]:
+    """Clients that say hello and never read again."""
+    socks = []
+    for n in range(count):
+        sock = served.raw()
+        sock.sendall(encode(Hello(token=TOKEN, client=f"idle{n}")))
+        socks.append(sock)
+    deadline = time.monotonic() + 5
+    while served.server.client_count < count:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return socks
+
+
+def test_what_all_clients_hold_together_is_bounded(served, monkeypatch):
+    monkeypatch.setattr(transport, "TOTAL_BUFFER", 4 * 2 ** 20)
+    socks = idle_clients(served, 6)
+    rows = [[s, 0.0, {f"m{i}": 1.5 for i in range(20)}] for s in range(200)]
+    frame = len(encode(Metrics(rows=rows)))
+    for _ in range(int(3 * transport.TOTAL_BUFFER / frame)):
+        served.server.publish(Metrics(rows=rows))
+    # Live metrics take at most half of the total, shared among the six.
+    assert served.server.buffered() <= transport.TOTAL_BUFFER // 2 + 6 * frame
+    # Past half of the total, a new client is refused with the reason.
+    for _ in range(int(transport.TOTAL_BUFFER / 2 / 4000) + 10):
+        served.server.publish(Event(kind="run", step=1, wall=0.0, message="x" * 4000))
+    with pytest.raises(TransportError, match="the engine's send buffers are full"):
+        served.client()
+    # Past all of it, must-deliver messages cost a stalled client its connection instead.
+    for _ in range(int(transport.TOTAL_BUFFER / 4000)):
+        served.server.publish(Event(kind="run", step=1, wall=0.0, message="x" * 4000))
+    assert served.server.buffered() <= transport.TOTAL_BUFFER + 6 * 8000
+    assert any("send buffers are full and it holds the most" in note for note in served.server.refusals)
+    for sock in socks:
+        sock.close()
+    deadline = time.monotonic() + 5
+    while served.server.client_count:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    served.still_serves()
+
+
+def test_notes_about_refusals_are_rate_limited_but_all_kept(served, caplog):
+    served.server._throttle = Throttle(burst=5, window=1e9)  # one window for the whole test
+    caplog.set_level("WARNING", logger="ptdash.shared.transport")
+    for n in range(40):
+        sock = served.raw()
+        sock.sendall(framed(b"not json %d" % n))
+        assert "not UTF-8 JSON" in refusal(read_until_closed(sock))
+    logged = [r.getMessage() for r in caplog.records if "not UTF-8 JSON" in r.getMessage()]
+    assert len(logged) == 5
+    assert sum("not UTF-8 JSON" in note for note in served.server.refusals) == 40
+    served.server.stop()
+    assert any("more notes about clients were not logged" in r.getMessage() for r in caplog.records)

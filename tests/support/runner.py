@@ -46,13 +46,14 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str
 class Run:
     """A run started with `ptdash --headless` in the background."""
 
-    def __init__(self, tmp_path: Path, script: str | Path, *args: str, options: tuple = ()) -> None:
-        self.run_dir = tmp_path / "run"
+    def __init__(self, tmp_path: Path, script: str | Path, *args: str, options: tuple = (),
+                 env: dict | None = None, run_dir: Path | None = None) -> None:
+        self.run_dir = run_dir or tmp_path / "run"
         self.out = open(tmp_path / "cli.out", "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ptdash.tui.cli", "--headless", "--run-dir", str(self.run_dir), *options,
              str(script), *args],
-            cwd=tmp_path, stdout=self.out, stderr=subprocess.STDOUT, env=ENV, stdin=subprocess.DEVNULL)
+            cwd=tmp_path, stdout=self.out, stderr=subprocess.STDOUT, env=env or ENV, stdin=subprocess.DEVNULL)
         wait_for(lambda: (self.run_dir / "run.json").exists() and self.info().status == "running"
                  or self.proc.poll() is not None, 60, what="the engine to start")
         self.client = Client(self.info().socket, rundir.read_token(self.run_dir), name="test")

@@ -22,7 +22,7 @@ def _journal(tmp_path=None, rank=0):
 def test_events_are_published_at_once_and_drained_once_for_the_store():
     journal, sent, _, _ = _journal()
     event = journal.event("checkpoint", "saved", path="x.pt", seconds=math.nan)
-    assert sent == [event] and event.step == 7 and event.data == {"path": "x.pt", "seconds": None}
+    assert sent == [event] and event.step == 7 and event.data == {"path": "x.pt", "seconds": None, "nonfinite": True}
     assert journal.drain() == [event] and journal.drain() == []
 
 
@@ -56,3 +56,22 @@ def test_state_changes_publish_wake_the_flusher_and_write_run_json(tmp_path):
     assert (info.status, info.paused_at, info.total_steps, info.clip, info.step) == ("paused", 7, 100, 0.5, 7)
     journal.set_state(None)  # a setting changed: published, no wake
     assert len(sent) == 2 and woken == [1]
+
+
+def test_every_refusal_is_answered_but_a_flood_is_journaled_a_few_at_a_time():
+    from ptdash.shared.throttle import Throttle
+
+    journal, sent, _, _ = _journal()
+    now = [0.0]
+    journal._refusals = Throttle(burst=3, window=10.0, clock=lambda: now[0])
+    for n in range(10):
+        journal.ack(Command(id=f"c{n}", name="\udcffbad"), False, None, "unknown command")
+    now[0] = 10.0
+    journal.ack(Command(id="late", name="clip", value=1e308), False, None, "clip norm must be from 1e-6 to 1e6")
+    acks = [m for m in sent if isinstance(m, Ack)]
+    assert [a.id for a in acks] == [f"c{n}" for n in range(10)] + ["late"]
+    events = journal.drain()
+    assert len(events) == 4
+    assert events[0].message == "'\\udcffbad' refused: unknown command"  # printable, as quoted
+    assert events[-1].message == "clip refused: clip norm must be from 1e-6 to 1e6 (7 earlier refusals not journaled)"
+    assert events[-1].data["unjournaled"] == 7

@@ -1,6 +1,8 @@
-"""Asks for one positive number (clip norm, LR factor), refusing bad input in place."""
+"""Asks for one live setting (clip norm, LR factor), refusing bad input in place."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -8,14 +10,30 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from ptdash.shared.protocol import parse_positive
+from ptdash.shared.limits import parse_setting
+
+from ..fmt import fmt_typed
+
+CONFIRM_RATIO = 10.0
+"""A new value this many times above or below the current one asks for a second Enter."""
 
 
-class ValueDialog(ModalScreen[float | str | None]):
-    """Dismisses with the number, ``"off"`` (when ``allow_off``), or None (cancel).
+@dataclass(frozen=True)
+class Typed:
+    """The dialog's answer: the value (None turns the clip off) and the text it was typed as,
+    which is how the events pane shows it."""
 
-    Input is checked with ``protocol.parse_positive``; an error is shown under the field
-    and nothing is returned until the input is valid.
+    value: float | None
+    text: str
+
+
+class ValueDialog(ModalScreen[Typed | None]):
+    """Dismisses with a ``Typed`` value of ``setting`` (``clip`` or ``lr_scale``), or None (cancel).
+
+    Input is checked with ``limits.parse_setting``, the engine's own ranges; an error is
+    shown under the field and nothing is returned until the input is valid. An empty box
+    cancels, so turning the clip off takes typing ``off``. A value more than CONFIRM_RATIO
+    times away from ``reference`` (the value in force) is applied only on a second Enter.
     """
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel", id="value-dialog.cancel")]
@@ -48,20 +66,22 @@ class ValueDialog(ModalScreen[float | str | None]):
     }
     """
 
-    def __init__(self, title: str, what: str, hint: str, *, allow_off: bool = False,
-                 current: str = "") -> None:
+    def __init__(self, title: str, setting: str, hint: str, *, current: str = "",
+                 reference: float | None = None) -> None:
         super().__init__()
         self.title_text = title
-        self.what = what
+        self.setting = setting
         self.hint = hint
-        self.allow_off = allow_off
         self.current = current
+        self.reference = reference
+        self._confirming: str | None = None
+        """The text whose large change was questioned: Enter on it again applies it."""
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label(self.title_text)
             yield Static(self.hint, id="hint")
-            yield Input(value=self.current, placeholder="off" if self.allow_off else "", id="value")
+            yield Input(value=self.current, placeholder="off" if self.setting == "clip" else "", id="value")
             yield Static("", id="error")
             with Horizontal():
                 yield Button("Apply", id="apply", variant="primary")
@@ -87,10 +107,29 @@ class ValueDialog(ModalScreen[float | str | None]):
             self._submit()
 
     def _submit(self) -> None:
-        text = self.query_one(Input).value
+        text = self.query_one(Input).value.strip()
+        if not text:
+            self.dismiss(None)
+            return
         try:
-            value = parse_positive(text, self.what, allow_off=self.allow_off)
+            value = parse_setting(self.setting, text)
         except ValueError as exc:
             self.query_one("#error", Static).update(str(exc))
             return
-        self.dismiss("off" if value is None else value)
+        question = self._question(value, text)
+        if question and self._confirming != text:
+            self._confirming = text
+            self.query_one("#error", Static).update(question)
+            return
+        self.dismiss(Typed(value, text))
+
+    def _question(self, value: float | None, text: str) -> str | None:
+        """What to ask before a change of more than CONFIRM_RATIO times, or None."""
+        if value is None or not self.reference or self.reference <= 0:
+            return None
+        ratio = value / self.reference
+        if 1 / CONFIRM_RATIO <= ratio <= CONFIRM_RATIO:
+            return None
+        factor, way = (ratio, "above") if ratio > 1 else (1 / ratio, "below")
+        return (f"{text} is {factor:,.3g}x {way} the current {fmt_typed(self.reference)}: "
+                "Enter again applies it, Escape cancels")

@@ -1,0 +1,118 @@
+"""What the ``ptdash`` command checks before it creates anything: that the run dir can be
+one, that ``-m MODULE`` can be found, that ``--resume`` names a readable ptdash checkpoint.
+
+Each check raises CliError with one line (exit status 2), so a bad option leaves nothing
+behind: no run dir, no engine. None of them imports torch or runs the user's code: the
+module is looked up the way the engine's ``runpy`` will find it, by the import system's
+finders alone (no package ``__init__`` runs), and the checkpoint is read as the zip
+archive torch writes, its pickle walked opcode by opcode, never loaded. Whether the
+checkpoint fits the script's model is the engine's check, before the script's first step.
+"""
+
+from __future__ import annotations
+
+import os
+import pickletools
+import sys
+import zipfile
+from importlib.machinery import BuiltinImporter, FrozenImporter, ModuleSpec, PathFinder
+from pathlib import Path
+
+from ptdash.shared.private import filesystem_type
+
+from .errors import CliError
+
+KERNEL_FILESYSTEMS = frozenset({"sysfs", "proc", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+                                "securityfs", "configfs", "pstore", "bpf", "efivarfs", "mqueue", "fusectl",
+                                "binfmt_misc", "autofs", "hugetlbfs"})
+"""File systems that hold the kernel's state, not files: a run dir there cannot work."""
+
+
+def run_dir(path: Path, root: bool = False) -> None:
+    """Refuse a ``--run-dir`` (or, with ``root``, the directory runs go in by default) that
+    cannot be made or used: a file, a non-empty directory, a place no one can write."""
+    option = f"the runs directory {path}" if root else f"--run-dir {path}"
+    try:
+        if path.exists() or path.is_symlink():
+            if not path.is_dir():
+                raise CliError(f"{option} exists and is not a directory", 2)
+            if not root and any(path.iterdir()):
+                raise CliError(f"{option} exists and is not empty", 2)
+        parent = path
+        while not parent.exists():
+            parent = parent.parent
+    except OSError as exc:
+        raise CliError(f"{option}: {exc.strerror or exc}", 2) from None
+    if not parent.is_dir():
+        raise CliError(f"{option}: {parent} is not a directory", 2)
+    fstype = filesystem_type(parent)
+    if fstype in KERNEL_FILESYSTEMS:
+        raise CliError(f"{option} is on {fstype}, a kernel file system, not a place for a run", 2)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CliError(f"{option}: cannot create it in {parent} (permission denied)", 2)
+
+
+def module(name: str) -> None:
+    """Refuse ``-m NAME`` unless the engine will find it: on the current directory and
+    sys.path (as the engine's ``sys.path`` will be), or through an installed finder."""
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        raise CliError(f"-m {name!r} is not a module name", 2)
+    spec = _find_top(parts[0])
+    for depth in range(2, len(parts) + 1):
+        if spec is None or spec.submodule_search_locations is None:
+            spec = None
+            break
+        spec = PathFinder.find_spec(".".join(parts[:depth]), list(spec.submodule_search_locations))
+    if spec is None:
+        raise CliError(f"no module named {name!r} (looked in the current directory and sys.path)", 2)
+    if spec.submodule_search_locations is not None and \
+            PathFinder.find_spec(f"{name}.__main__", list(spec.submodule_search_locations)) is None:
+        raise CliError(f"{name!r} is a package without a __main__ module, so -m cannot run it", 2)
+
+
+def _find_top(name: str) -> ModuleSpec | None:
+    search = [os.getcwd(), *sys.path[1:]]  # the engine puts the cwd first, as `python -m` does
+    for finder in sys.meta_path:
+        try:
+            if finder is PathFinder:
+                spec = PathFinder.find_spec(name, search)
+            elif finder in (BuiltinImporter, FrozenImporter):
+                continue  # a built-in module has no code for runpy to run
+            else:  # an installed finder (an editable install's): it maps names, runs nothing
+                spec = finder.find_spec(name, None)
+        except Exception:  # noqa: BLE001 - a finder that fails has not found it
+            continue
+        if spec is not None:
+            return spec
+    return None
+
+
+def checkpoint(path: Path) -> None:
+    """Refuse a ``--resume`` file that is missing, unreadable, damaged or not ptdash's."""
+    if not path.exists():
+        raise CliError(f"checkpoint {path} does not exist", 2)
+    if not path.is_file():
+        raise CliError(f"checkpoint {path} is not a file", 2)
+    try:
+        with open(path, "rb"):
+            pass
+        archive = zipfile.ZipFile(path) if zipfile.is_zipfile(path) else None
+    except OSError as exc:
+        raise CliError(f"cannot read checkpoint {path}: {exc.strerror or exc}", 2) from None
+    if archive is None:
+        raise CliError(f"checkpoint {path} is unreadable: not a PyTorch checkpoint archive "
+                       "(damaged, cut short, or another kind of file)", 2)
+    with archive:
+        pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+        if not pickles:
+            raise CliError(f"{path} is not a ptdash checkpoint: a zip archive, but not PyTorch's", 2)
+        try:
+            data = archive.read(pickles[0])  # checks its CRC
+            strings = [arg for op, arg, _ in pickletools.genops(data) if isinstance(arg, str)
+                       and "UNICODE" in op.name]
+        except Exception as exc:  # noqa: BLE001 - zipfile and pickletools raise many kinds
+            raise CliError(f"checkpoint {path} is unreadable: damaged ({str(exc)[:80]})", 2) from None
+    # ptdash's dict starts with its own "ptdash" entry (checkpoint.build) and names the step.
+    if not strings or strings[0] != "ptdash" or "step" not in strings:
+        raise CliError(f"{path} is not a ptdash checkpoint (a PyTorch file without ptdash's state)", 2)
