@@ -24,7 +24,7 @@ from .invisible import script_traceback
 from .shared.config import RunConfig
 
 
-def _setup_logging(run_dir: Path) -> None:
+def setup_logging(run_dir: Path) -> None:
     from .shared import perms
 
     path = run_dir / "engine.log"
@@ -78,21 +78,46 @@ def print_crash(exc: BaseException) -> str:
 
 def _run_dir(argv: list[str]) -> tuple[Path | None, RunConfig]:
     """The run dir and its config: the one ``ptdash`` made, or a new one (rank 0 under a
-    plain ``torchrun -m ptdash.bootstrap``); None for other ranks of such a launch."""
+    plain ``torchrun -m ptdash.bootstrap``, which the other ranks of that job find through
+    the user's private directory); None for a rank that finds none."""
     from .shared import rundir
 
     rank = int(os.environ.get("RANK", 0))
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
     if "PTDASH_RUN_DIR" in os.environ:
         run_dir = Path(os.environ["PTDASH_RUN_DIR"])
     elif rank == 0:
         name = Path(argv[1] if argv[0] == "-m" else argv[0]).stem
         run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), name, argv=argv, cwd=os.getcwd(), python=sys.executable)
         print(f"ptdash: run dir {run_dir}; watch it with: ptdash attach {run_dir}", file=sys.stderr, flush=True)
+        if job:
+            rundir.announce_job(job, run_dir)
     else:
-        return None, RunConfig()
+        run_dir = rundir.find_job(job) if job else None
+        if run_dir is None:
+            print(f"ptdash: rank {rank} found no run dir of its job: it runs without ptdash", file=sys.stderr,
+                  flush=True)
+            return None, RunConfig()
+    os.environ["PTDASH_RUN_DIR"] = str(run_dir)
     if rank == 0:
-        _setup_logging(run_dir)
+        setup_logging(run_dir)
     return run_dir, rundir.read_info(run_dir).config
+
+
+def _hand_down(primary: bool) -> None:
+    """What the script's own processes inherit: the start-up hook that finds the ranks it
+    starts (``ptdash/startup``), and who the hub is. A rank that ptdash's launcher started
+    dies with it."""
+    from .rankstart import die_with_parent
+    from .startup import STARTUP_DIR
+
+    if primary:
+        os.environ["PTDASH_HUB_PID"] = str(os.getpid())
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP_DIR)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR), *paths])
+    launcher = os.environ.get("PTDASH_LAUNCHER_PID")
+    if launcher and launcher.isdigit():
+        die_with_parent(int(launcher))
 
 
 def main() -> int:
@@ -108,6 +133,8 @@ def main() -> int:
     run_dir, config = _run_dir(argv)
     try:
         engine = Engine(run_dir, config)
+        if run_dir is not None:
+            _hand_down(engine.primary)
         engine.start()
     except Exception as exc:
         print(f"ptdash: {exc}", file=sys.stderr)

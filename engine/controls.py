@@ -76,12 +76,18 @@ class Controls:
         self._inbox: collections.deque[Command] = collections.deque()
         self._wake = threading.Event()
         self.requested_pause = False
+        self.refuse_partial: Callable[[], str | None] = lambda: None
+        """Why clip and LR changes cannot reach every replica now (some rank runs without ptdash)."""
+        self.on_queued: Callable[[], None] = lambda: None
+        """Called after a command is queued (the hub ends a paused round's wait)."""
 
     # -------------------------------------------------------------- server thread
 
     def submit(self, cmd: Command) -> None:
         """Validate and queue a command; refuse it at once when invalid."""
         error = validate_command(cmd)
+        if not error and cmd.name in ("clip", "lr_scale"):
+            error = self.refuse_partial()
         if error:
             self._journal.ack(cmd, False, None, error)
             return
@@ -92,6 +98,17 @@ class Controls:
             self.requested_pause = True
         self._inbox.append(cmd)
         self._wake.set()
+        self.on_queued()
+
+    def take(self, n: int) -> list[Command]:
+        """Pop up to ``n`` queued commands (the hub hands them to every rank at once)."""
+        out = []
+        while self._inbox and len(out) < n:
+            out.append(self._inbox.popleft())
+        return out
+
+    def queued(self) -> int:
+        return len(self._inbox)
 
     # ------------------------------------------------------------ training thread
 
@@ -105,11 +122,11 @@ class Controls:
         """Apply queued commands before step ``step + 1`` updates; block while paused."""
         self._apply_inbox(step)
         while self.paused:
-            if self.dist is None or self.dist.rank == 0:
+            if self.dist is None or not self.dist.ready:
                 self._wake.wait(0.5)
                 self._wake.clear()
-            # Under DDP this exchange is also the heartbeat: every rank joins it about
-            # twice a second, so a long pause never trips a collective timeout.
+            # Under DDP the hub holds this exchange open until a command comes or half a
+            # second passes: a resume is immediate, and the ranks go round twice a second.
             self._apply_inbox(step, force=True, paused=True)
             if self.pending.checkpoint or self.pending.stop is not None:
                 # Paused runs still save and stop when asked.
@@ -154,20 +171,13 @@ class Controls:
         self.pending.reason = reason
 
     def _apply_inbox(self, step: int, force: bool = False, paused: bool = False) -> None:
-        local = []
-        while self._inbox:
-            local.append(self._inbox.popleft())
         if self.dist is not None and self.dist.ready:
             if not (force or self.dist.due(step)):
-                self._inbox.extendleft(reversed(local))
                 return
-            # Commands beyond one packet wait for the next exchange.
-            before = self.dist.exchange_seconds, self.dist.exchanges
-            applied = self.dist.exchange(local, step, self._step_seconds())
-            if paused:  # the pause's heartbeat is not a cost of training
-                self.dist.exchange_seconds, self.dist.exchanges = before
-            self._inbox.extendleft(reversed(local[len(applied):]))
-            local = applied
+            # The hub takes the queued commands (its own inbox) and hands every rank the same.
+            local = self.dist.exchange(step, self._step_seconds(), hold=paused)
+        else:
+            local = self.take(len(self._inbox))
         for cmd in local:
             self._apply(cmd, step)
 

@@ -1,62 +1,66 @@
-"""Multi-rank runs: commands reach every rank at the same step, metrics reach rank 0.
+"""This process's part in a multi-rank run: who it is, and how it agrees with the others.
 
-Rank 0 owns the command inbox. At agreed step boundaries every rank joins a tiny
-broadcast (a fixed-size float64 packet on a private gloo group, so it never touches the
-GPU or the user's NCCL communicator) and applies the same commands at the same step. The
-packet also says when the next exchange happens: rank 0 spaces them by their measured
-cost so that they take under 0.5% of the time (and at most one every
-``EXCHANGE_SECONDS``, which bounds a command's latency in steps), and every rank reads
-the same schedule, so no rank ever waits for a collective the others skip.
+A rank's identity and the world size come from the process group once the script has
+initialised it (``dist.get_rank()``), not from the environment at start: a framework may
+set ``RANK`` only after ptdash started, or never (``mp.spawn`` passes the rank as an
+argument). Until then a process counts as rank 0 of 1.
 
-Metrics from other ranks travel through the job's existing c10d store (rank 0's TCP
-store, which every rank already reaches), written by each rank's flusher thread and read
-by rank 0's. No new listener is opened anywhere.
+Commands reach every rank at the same step through the hub (hub.py): in this process
+when it is the hub, over the rank link (link.py) otherwise. The exchange is a round trip
+on a Unix socket, never a collective on the script's process group, so it touches
+neither the GPU nor the script's NCCL communicator, and nothing goes through the job's
+TCP store.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import logging
 import os
 import time
+from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
-from .shared.protocol import COMMANDS, Command
+from .link import Link, LinkError
+from .shared.protocol import Command, Message, to_dict
 
-EXCHANGE_SECONDS = 0.05
-"""At most one command exchange per this many seconds of training..."""
-
-EXCHANGE_SHARE = 0.005
-"""...and no more often than keeps their measured cost under this share of the time..."""
-
-MAX_SPACING_SECONDS = 0.5
-"""...but at least one per this many seconds, which bounds a command's wait."""
-
-MAX_COMMANDS = 8
-_PACKET = 2 + 2 * MAX_COMMANDS
+log = logging.getLogger("ptdash.distributed")
 
 
 def env_rank() -> tuple[int, int, int]:
-    """``(rank, local_rank, world_size)`` as the launcher set them (0, 0, 1 when alone)."""
+    """``(rank, local_rank, world_size)`` as a launcher set them (0, 0, 1 when alone)."""
     return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
             int(os.environ.get("WORLD_SIZE", 1)))
 
 
-class Distributed:
-    """This process's part in a multi-rank run; ``ready`` once the script set up torch.distributed."""
+def group_rank() -> tuple[int, int] | None:
+    """``(rank, world_size)`` of the script's initialised default process group, or None."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
 
-    def __init__(self) -> None:
+
+class Distributed:
+    """Identity, the hub connection and the command exchange of this process.
+
+    ``hub`` is the Hub when this process is the hub; otherwise ``link_path`` and
+    ``token`` say how to reach it.
+    """
+
+    def __init__(self, hub=None, link_path: Path | None = None, token: str = "") -> None:
         self.rank, self.local_rank, self.world_size = env_rank()
-        self.group = None
-        self.store = None
+        self.hub = hub
+        self._link_path, self._token = link_path, token
+        self.link: Link | None = None
+        self.channel = False
+        """Whether this rank takes part in command exchanges."""
+        self.missing: list[int] = []
         self.next_exchange = 0
-        self._seq = 0
-        self._pulled: dict[int, int] = {}
         self.exchanges = 0
         self.exchange_seconds = 0.0
         """Time spent in command exchanges outside pauses, to report their cost per step."""
+        self._last_cost = 0.0
+        self.identify()
 
     @property
     def multi(self) -> bool:
@@ -64,115 +68,110 @@ class Distributed:
 
     @property
     def ready(self) -> bool:
-        return self.group is not None
+        return self.channel
+
+    def identify(self) -> None:
+        """Take rank and world size from the process group, once the script made it."""
+        found = group_rank()
+        if found is not None:
+            self.rank, self.world_size = found
+            self.local_rank = int(os.environ.get("LOCAL_RANK", self.local_rank))
+
+    def connect(self) -> None:
+        """A rank in another process than the hub: register over the rank link."""
+        if self.hub is not None or self.link is not None or self._link_path is None:
+            return
+        self.identify()
+        try:
+            self.link = Link(self._link_path, self._token, self.rank, self.world_size)
+        except LinkError as exc:
+            # Another host, or a hub that is gone: train on, without reporting.
+            log.warning("%s", exc)
+            print(f"ptdash: rank {self.rank} runs without ptdash: {exc}", flush=True)
 
     def setup(self) -> bool:
-        """Create the private group and store (all ranks, at their first optimizer step).
+        """At the first step (every rank): join the command exchange if the hub says all ranks can.
 
-        False when the script never initialised torch.distributed (then every rank runs
-        alone, e.g. independent jobs launched side by side).
+        False when alone, or when the script never initialised torch.distributed (then
+        every process is its own run, e.g. independent jobs launched side by side).
         """
-        if not (self.multi and dist.is_available() and dist.is_initialized()):
+        self.identify()
+        if not self.multi or group_rank() is None:
             return False
-        self.group = dist.new_group(backend="gloo")
-        self.store = dist.PrefixStore("ptdash/", _own_store_client() or dist.distributed_c10d._get_default_store())
-        self.store.set(f"pid/{self.rank}", f"{os.uname().nodename} {os.getpid()}")
-        return True
+        if self.hub is not None:
+            error = self.hub.register(self.rank, self.world_size, os.getpid(), local=True)
+            if error:
+                log.warning("hub refused this rank: %s", error)
+                return False
+            self.channel, self.missing = self.hub.channel(self.rank)
+        else:
+            self.connect()
+            if self.link is None:
+                return False
+            try:
+                answer = self.link.request({"channel": True})
+            except (OSError, LinkError) as exc:
+                log.warning("rank link: %s", exc)
+                return False
+            self.channel, self.missing = bool(answer.get("channel")), list(answer.get("missing") or [])
+        return self.channel
 
     # ------------------------------------------------- commands (training thread)
 
     def due(self, step: int) -> bool:
-        return self.ready and step >= self.next_exchange
+        return self.channel and step >= self.next_exchange
 
-    def exchange(self, commands: list[Command], step: int, step_seconds: float) -> list[Command]:
-        """Broadcast rank 0's commands; every rank returns the same list.
+    def exchange(self, step: int, step_seconds: float, hold: bool = False, barrier: bool = False) -> list[Command]:
+        """One round with every other rank: the same commands come back to each.
 
-        Also agrees on the step of the next exchange. Collective: every rank calls it at
-        the same step (``due``) or from the pause loop.
+        ``hold``: this rank is paused (the hub waits a moment for a command before it lets
+        the round go). ``barrier``: a round that only waits for the others.
         """
-        packet = torch.zeros(_PACKET, dtype=torch.float64)
-        if self.rank == 0:
-            cost = self.exchange_seconds / self.exchanges if self.exchanges else 0.0
-            # Capped, so a command never waits more than about half a second for a slot.
-            spacing = min(MAX_SPACING_SECONDS, max(EXCHANGE_SECONDS, cost / EXCHANGE_SHARE))
-            every = max(1, min(1000, math.ceil(spacing / max(step_seconds, 1e-6))))
-            packet[0] = step + every
-            packet[1] = min(len(commands), MAX_COMMANDS)
-            for i, cmd in enumerate(commands[:MAX_COMMANDS]):
-                packet[2 + 2 * i] = COMMANDS.index(cmd.name)
-                packet[3 + 2 * i] = math.nan if cmd.value is None else cmd.value
         t0 = time.perf_counter()
-        dist.broadcast(packet, src=0, group=self.group)
-        self.exchange_seconds += time.perf_counter() - t0
-        self.exchanges += 1
-        values = packet.tolist()  # a CPU tensor: no device sync
-        self.next_exchange = int(values[0])
-        if self.rank == 0:
-            return list(commands[:MAX_COMMANDS])
-        out = []
-        for i in range(int(values[1])):
-            value = values[3 + 2 * i]
-            out.append(Command(id="", name=COMMANDS[int(values[2 + 2 * i])], value=None if math.isnan(value) else value))
-        return out
+        if self.hub is not None:
+            commands, next_step = self.hub.exchange(self.rank, step, step_seconds, self._last_cost, hold, barrier)
+        else:
+            try:
+                answer = self.link.request({"arrive": step, "s": step_seconds, "cost": self._last_cost,
+                                            "hold": hold, "barrier": barrier})
+            except (OSError, LinkError) as exc:
+                # The hub is gone: no more commands; training goes on.
+                log.warning("rank link: %s; no more commands reach this rank", exc)
+                self.channel = False
+                return []
+            commands = [Command(id=i or "", name=n, value=v) for i, n, v in answer["commands"]]
+            next_step = int(answer["next"])
+        elapsed = time.perf_counter() - t0
+        if not hold:
+            self._last_cost = elapsed
+            self.exchange_seconds += elapsed
+            self.exchanges += 1
+        if not barrier:
+            self.next_exchange = next_step
+        return commands
 
     def barrier(self) -> None:
-        if self.ready:
-            dist.barrier(group=self.group)
+        if self.channel:
+            self.exchange(self.next_exchange, 0.0, barrier=True)
 
-    # ---------------------------------------------------- metrics (flusher threads)
+    # ---------------------------------------------------- data (flusher thread)
 
     def push(self, payload: dict) -> None:
-        """Rank > 0: hand one flush's rows and events to rank 0."""
-        if self.store is None:
-            return
-        self.store.set(f"m/{self.rank}/{self._seq}", json.dumps(payload, separators=(",", ":")))
-        self._seq += 1
+        """Another process than the hub: hand one flush's rows, events and readings to it."""
+        if self.link is not None:
+            self.link.post({"push": payload})
 
-    def pull(self) -> list[tuple[int, dict]]:
-        """Rank 0: everything the other ranks pushed since the last pull, in order."""
-        if self.store is None:
-            return []
-        out = []
-        for rank in range(1, self.world_size):
-            seq = self._pulled.get(rank, 0)
-            while self.store.check([f"m/{rank}/{seq}"]):
-                key = f"m/{rank}/{seq}"
-                out.append((rank, json.loads(self.store.get(key))))
-                self.store.delete_key(key)
-                seq += 1
-            self._pulled[rank] = seq
-        return out
+    def publish(self, msg: Message) -> None:
+        """Rank 0 in another process than the hub: what it tells the dashboards goes through the hub."""
+        if self.link is not None:
+            self.link.post({"publish": to_dict(msg)})
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.post({"bye": True})
+            self.link.close()
+            self.link = None
 
     def local_pids(self) -> list[int]:
-        """Pids of the ranks on this host (for an immediate kill)."""
-        if self.store is None:
-            return []
-        me = os.uname().nodename
-        pids = []
-        for rank in range(self.world_size):
-            try:
-                host, pid = self.store.get(f"pid/{rank}").decode().split()
-            except Exception:
-                continue
-            if host == me:
-                pids.append(int(pid))
-        return pids
-
-
-def _own_store_client():
-    # A client connection of our own to the job's store, so the flusher threads never
-    # share a socket with the training thread's use of the default store.
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not (addr and port):
-        return None
-    try:
-        return dist.TCPStore(addr, int(port), is_master=False, timeout=_timedelta(30), wait_for_workers=False)
-    except Exception:
-        return None
-
-
-def _timedelta(seconds: float):
-    import datetime
-
-    return datetime.timedelta(seconds=seconds)
-
+        """Pids of the ranks in other processes (for an immediate kill), as the kernel named them."""
+        return self.hub.pids() if self.hub is not None else []

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from . import system
+from . import link, system
 from .anomalies import Anomalies
 from .checkpoint import Checkpointer
 from .controls import Controls, Settings
@@ -36,6 +36,7 @@ from .distributed import Distributed
 from .doctor import Doctor
 from .flusher import Flusher, LayerNaming
 from .hooks import Hooks
+from .hub import Hub
 from .journal import Journal
 from .patching import Patches
 from .preview import SchedulePreview
@@ -45,7 +46,7 @@ from .recorder import Recorder, UserValues
 from .shared import rundir
 from .shared.config import RunConfig
 from .shared.limits import check_setting
-from .shared.protocol import Welcome
+from .shared.protocol import Event, LayerNames, Metrics, Samples, Schedule, Status, Welcome, from_dict
 from .shared.store import STORE_NAME, StoreWriter
 from .shared.transport import Server
 
@@ -58,16 +59,26 @@ ENGINE: Engine | None = None
 class Engine:
     """One process's instrumentation, wired from its parts.
 
-    Under DDP every rank has an engine; only rank 0's (the primary) owns the run dir, the
-    store and the socket. The others hand their rows to it (see distributed.py).
+    Under DDP every rank has an engine. The hub's (``primary``: the process ptdash
+    started) owns the store, run.json, the dashboards' socket and the command inbox; the
+    others hand their rows to it over the rank link (hub.py, link.py). Rank 0 (``leads``)
+    speaks for the run: its journal answers commands, it judges the loss, saves
+    checkpoints and previews the schedule; in another process than the hub, what it
+    tells the dashboards goes through the hub.
     """
 
-    def __init__(self, run_dir: Path | None, config: RunConfig) -> None:
+    def __init__(self, run_dir: Path | None, config: RunConfig, hub: bool | None = None) -> None:
         self.config = config
-        self.dist = Distributed()
-        self.primary = self.dist.rank == 0
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
-        self.info = rundir.read_info(self.run_dir) if self.primary else None
+        self.primary = Distributed().rank == 0 if hub is None else hub
+        self.info = rundir.read_info(self.run_dir) if self.run_dir is not None else None
+        token = rundir.read_token(self.run_dir) if self.run_dir is not None else ""
+        self.hub = (Hub(link.socket_path(self.info.socket), token, self._take_commands, self._queued_commands,
+                        self._rank_data, self._leader_message, self._hub_event) if self.primary else None)
+        self.dist = Distributed(self.hub, link.socket_path(self.info.socket) if self.info else None, token)
+        leads = self.dist.rank == 0
+        self._leader_greeting: dict[str, object] = {}
+        """The newest LayerNames and Schedule of a rank 0 in another process, for new dashboards."""
         self.settings = Settings(clip=config.clip, lr_scale=config.lr_scale or 1.0)
         self.server: Server | None = None
         self.store: StoreWriter | None = None
@@ -76,18 +87,21 @@ class Engine:
         self.user_values = UserValues()
         self.journal = Journal(self._publish, lambda: self.hooks.step, self.settings, rank=self.dist.rank,
                                run_dir=self.run_dir if self.primary else None, wake=lambda: self.flusher.wake())
-        self.checkpointer = Checkpointer(self.run_dir if self.primary else None, self.info.id if self.info else "",
+        self.checkpointer = Checkpointer(self.run_dir if leads else None, self.info.id if self.info else "",
                                          self.discovery, self.journal, self.settings, config, self.dist.barrier)
-        self.profiler = Profiler(self.run_dir / "profiles" if self.primary else None, self.journal,
+        self.profiler = Profiler(self.run_dir / "profiles" if leads and self.run_dir else None, self.journal,
                                  config.profile_steps)
         self.controls = Controls(self.settings, self.journal, self.checkpointer.save, self.profiler.start, self.kill,
-                                 lambda: self.hooks.last_step_s, self.dist if self.dist.multi else None)
+                                 lambda: self.hooks.last_step_s, self.dist)
+        if self.hub is not None:
+            self.controls.refuse_partial = lambda: self.hub.partial
+            self.controls.on_queued = self.hub.wake
         self.doctor = Doctor(self.journal.event, config, lambda: self.discovery.models, lambda: self.hooks.step,
-                             lambda: self.hooks.loaders.describe(), judge_loss=self.primary)
+                             lambda: self.hooks.loaders.describe(), judge_loss=leads)
         self.anomalies = Anomalies(self.journal.event, config.on_anomaly, self.controls.pause_here,
                                    self.controls.submit, lambda: self.controls.paused or self.controls.requested_pause,
                                    lambda params: param_names(self.discovery.models, params))
-        self.anomalies.judge_loss = self.primary  # the loss is the run's: rank 0 judges it once
+        self.anomalies.judge_loss = leads  # the loss is the run's: rank 0 judges it once
         self.hooks = Hooks(self.settings, self.controls, self.recorder, self.doctor, self.discovery, self.anomalies,
                            self.user_values, self._first_step, self._discovered, self._step_end, self._no_step,
                            self._new_optimizer)
@@ -104,14 +118,15 @@ class Engine:
         self.preview = (SchedulePreview(self.discovery, lambda: self.hooks.main.ref() if self.hooks.main else None,
                                         lambda: self.hooks.step, lambda: self.settings.lr_scale,
                                         lambda: self.journal.total_steps,
-                                        on_end=self._schedule_end) if self.primary else None)
-        ranks = (RankCollector(self.dist, self.store, self._publish, self.journal.event, lambda: self.journal.state,
-                               config.stall_seconds) if self.primary and self.dist.multi else None)
+                                        on_end=self._schedule_end) if leads else None)
+        self.ranks = (RankCollector(self.store, self._publish, self.journal.event, lambda: self.journal.state,
+                                    config.stall_seconds, self.hub.rank_pids) if self.primary else None)
         self.flusher = Flusher(self.recorder, self.journal, self.doctor, self.anomalies, self.naming,
                                system.SystemSampler(), self._publish, store=self.store,
-                               push=None if self.primary else self.dist.push, ranks=ranks,
+                               push=None if self.primary else self.dist.push, ranks=self.ranks,
                                interval=config.flush_interval, step_seconds=lambda: self.hooks.last_step_s,
                                schedule=self.preview)
+        self.flusher.push_layers = leads and not self.primary
         self._periodic = bool(config.checkpoint_every or config.checkpoint_every_s)
         """Whether each step end checks for a periodic checkpoint."""
 
@@ -123,12 +138,54 @@ class Engine:
     def _publish(self, msg) -> None:
         if self.server is not None:
             self.server.publish(msg)
+        elif self.dist.rank == 0 and not isinstance(msg, (Event, Metrics, Samples)):
+            # Rank 0 in another process: its status, acks and layer records reach the
+            # dashboards through the hub (events, rows and readings go with its flushes).
+            self.dist.publish(msg)
 
     def _greeting(self) -> list:
         """What a dashboard gets after the Welcome: the status, the parameter names, the schedule ahead."""
-        names = self.naming.names
-        schedule = self.preview.latest if self.preview is not None else None
+        names = self.naming.names or self._leader_greeting.get("names")
+        schedule = (self.preview.latest if self.preview is not None else None) or self._leader_greeting.get("schedule")
         return [self.journal.status()] + [m for m in (names, schedule) if m is not None]
+
+    # --------------------------------------------------------- the hub's side (server threads)
+
+    def _take_commands(self, n: int) -> list:
+        return self.controls.take(n)
+
+    def _queued_commands(self) -> int:
+        return self.controls.queued()
+
+    def _rank_data(self, rank: int, payload: dict) -> None:
+        """A flush of a rank in another process (its rows, events, readings; rank 0's layer records)."""
+        self.ranks.receive(rank, payload)
+
+    def _leader_message(self, rank: int, body: dict) -> None:
+        """What rank 0, in another process, tells the dashboards: its status becomes the run's."""
+        try:
+            msg = from_dict(body)
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("rank 0 sent a message that does not decode: %s", exc)
+            return
+        if isinstance(msg, Status):
+            self.journal.mirror(msg)
+            return
+        if isinstance(msg, LayerNames):
+            self._leader_greeting["names"] = msg
+        elif isinstance(msg, Schedule):
+            self._leader_greeting["schedule"] = msg
+            if msg.end is not None and self.config.steps is None:
+                self.journal.total_steps = msg.end
+        self._publish(msg)
+
+    def _hub_event(self, kind: str, message: str, **data) -> None:
+        self.journal.event(kind, message, **data)
+        if "world" in data:
+            try:
+                rundir.update_info(self.run_dir, world_size=data["world"])
+            except (OSError, ValueError):
+                log.exception("could not update run.json")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -155,6 +212,7 @@ class Engine:
             self.hooks.arm_resume(self.checkpointer.apply_resume)
             self.checkpointer.guard_schedulers(self._patches, lambda: self.hooks.step)
         if self.primary:
+            self.hub.start()
             self.server.start()
             rundir.register(self.info.id, self.run_dir)
             rundir.update_info(self.run_dir, status="running", pid=os.getpid(), started=time.time(),
@@ -163,6 +221,8 @@ class Engine:
             self.store.set_meta(config=self.config.to_json(), run=self.info.to_json(), world_size=self.dist.world_size)
             self.journal.event("run", f"started{' from step %d' % self.start_step if self.start_step else ''}"
                                + (f" with {self.dist.world_size} ranks" if self.dist.multi else ""))
+        else:
+            self.dist.connect()  # register with the hub now: the channel decision needs every rank
         self.flusher.start()
 
     def finish(self, state: str, exit_code: int, detail: str = "") -> None:
@@ -179,19 +239,27 @@ class Engine:
         self.doctor.detach()
         self._patches.undo()
         dist = self.dist
-        if dist.ready and self.primary and dist.exchanges:
+        if dist.ready and dist.rank == 0 and dist.exchanges:
             steps = max(1, self.hooks.step - self.start_step)
             self.journal.event("run", f"rank channel: {dist.exchanges} command exchanges over {steps} steps, "
                                f"{dist.exchange_seconds / dist.exchanges * 1e3:.2f} ms each, "
                                f"{dist.exchange_seconds / steps * 1e6:.0f} us per step on average",
                                exchanges=dist.exchanges, seconds=dist.exchange_seconds, steps=steps)
+        if state == "finished" and self.journal.leader_ended == "stopped":
+            state = "stopped"  # rank 0 in another process was stopped; then the script ended
         self.journal.set_state(state, exit_code=exit_code, detail=detail)
-        self.journal.event("run", f"{state} with exit code {exit_code}" + (f": {detail.splitlines()[-1]}" if detail else ""))
+        who = "" if self.primary else f"rank {self.dist.rank} "
+        self.journal.event("run", f"{who}{state} with exit code {exit_code}"
+                           + (f": {detail.splitlines()[-1]}" if detail else ""))
         self.flusher.stop()
         self.flusher.flush(self.flusher.sample())
         if self.preview is not None:
             self.preview.close()
-        if self.primary:
+        if not self.primary:
+            dist.close()
+        else:
+            self.flusher.flush(None)  # what other ranks sent meanwhile
+            self.hub.stop()
             self.server.stop()
             self.store.close()
             rundir.update_info(self.run_dir, status=state, exit_code=exit_code, ended=time.time(),
@@ -229,9 +297,8 @@ class Engine:
     # --------------------------------------------------- moments the hooks report
 
     def _first_step(self) -> None:
-        """Before the first update (every rank): join the command channel if DDP is on."""
-        if self.dist.multi and self.dist.setup() and self.primary:
-            self.journal.event("run", f"rank channel up: {self.dist.world_size} ranks")
+        """Before the first update (every rank): join the command exchange if DDP is on."""
+        self.dist.setup()
 
     def _discovered(self, opt) -> None:
         """After the first step: name what was found, learn the schedule length."""

@@ -67,6 +67,8 @@ class Flusher:
         self._naming, self._sampler, self._publish, self._store = naming, sampler, publish, store
         self._push, self._ranks, self._interval, self._step_seconds = push, ranks, interval, step_seconds
         self._schedule = schedule
+        self.push_layers = False
+        """Rank 0 in another process than the hub: its layer records and schedule go with its flushes."""
         self._stop = threading.Event()
         self._soon = threading.Event()
         self._thread: threading.Thread | None = None
@@ -124,8 +126,12 @@ class Flusher:
         events = self._journal.drain()
         samples = [sample] if sample else []
         if self._push is not None:
-            if rows or events or samples:
-                self._push({"rows": rows, "events": [to_dict(e) for e in events], "samples": samples})
+            layers = [to_dict(m) for m in stored + schedules] if self.push_layers else []
+            if rows or events or samples or layers:
+                self._push({"rows": rows, "events": [to_dict(e) for e in events], "samples": samples,
+                            "layers": layers})
+            for msg in live + schedules:  # rank 0 in another process: to the dashboards through the hub
+                self._publish(msg)
             return
         if self._store is not None and (rows or events or stored or samples or schedules or self._store.pending):
             # Never raises: what the store cannot take now it keeps and retries, and says so.

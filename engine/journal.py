@@ -20,7 +20,7 @@ from .controls import Settings
 from .shared import rundir
 from .shared.limits import show
 from .shared.numbers import json_safe
-from .shared.protocol import COMMANDS, Ack, Command, Event, Message, Status, to_dict
+from .shared.protocol import COMMANDS, ENDED, Ack, Command, Event, Message, Status, to_dict
 from .shared.throttle import Throttle
 
 log = logging.getLogger("ptdash.journal")
@@ -51,11 +51,30 @@ class Journal:
         self._pending: list[Event] = []
         self._commands: list[dict] = []
         self._refusals = Throttle(burst=20, window=10.0)
+        self._mirrored_step: int | None = None
+        self.leader_ended: str | None = None
+        """How rank 0 ended, when it runs in another process than the hub."""
 
     def status(self) -> Status:
         s = self._settings
-        return Status(state=self.state, step=self._step(), total_steps=self.total_steps, paused_at=self.paused_at,
+        step = self._step() if self._mirrored_step is None else max(self._step(), self._mirrored_step)
+        return Status(state=self.state, step=step, total_steps=self.total_steps, paused_at=self.paused_at,
                       clip=s.clip, lr_scale=s.lr_scale, exit_code=self.exit_code, detail=self.detail)
+
+    def mirror(self, status: Status) -> None:
+        """The hub, when rank 0 runs in another process: rank 0's status is the run's.
+
+        Its end is only remembered: the run ends when the process ptdash started does.
+        """
+        self._mirrored_step = status.step
+        self._settings.clip, self._settings.lr_scale = status.clip, status.lr_scale
+        if status.total_steps is not None:
+            self.total_steps = status.total_steps
+        if status.state in ENDED:
+            self.leader_ended = status.state
+            self.set_state(None)
+            return
+        self.set_state(status.state, paused_at=status.paused_at)
 
     def set_state(self, state: str | None = None, **changes) -> None:
         """Change the run state (None: only a setting or ``paused_at`` changed), tell every

@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         min_nodes=1, max_nodes=1, nproc_per_node=args.nproc_per_node, run_id=uuid.uuid4().hex[:8],
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
     run_dir = Path(os.environ["PTDASH_RUN_DIR"])
+    os.environ["PTDASH_LAUNCHER_PID"] = str(os.getpid())  # the ranks die with this process
     try:
         elastic_launch(config, sys.executable)("-m", "ptdash.bootstrap", *target)
     except ChildFailedError as exc:

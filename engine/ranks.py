@@ -1,55 +1,118 @@
-"""Rank 0's view of the other ranks: their rows and events into the store and to the
-dashboards, and the ranks that stopped making steps.
+"""The hub's view of the ranks in other processes: their rows and events into the store and
+to the dashboards, and the ranks that stopped making steps.
 
-The other ranks' flushers hand their rows to rank 0 through the rank channel
-(``distributed.Distributed.push``); rank 0's flusher pulls them here.
+A rank's flusher hands each flush to the hub over the rank link (link.py); the hub's link
+threads queue it here (``receive``) and the hub's flusher writes it (``collect``), so
+the store is only ever written from the flusher thread.
 """
 
 from __future__ import annotations
 
+import collections
+import logging
+import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable
 
-from .shared.protocol import Event, Message, Metrics, Samples, from_dict
+from .shared.protocol import Event, LayerNames, Layers, Message, Metrics, Samples, Schedule, from_dict
+
+log = logging.getLogger("ptdash.ranks")
+
+QUEUED_FLUSHES = 4096
+"""Flushes of other ranks kept for the store while the flusher is behind; the oldest go first."""
 
 
 class RankCollector:
-    """Stores and publishes what the other ranks pushed; names a rank that stalls.
+    """Stores and publishes what the other ranks sent; names a rank that stalls.
 
     ``publish(msg)`` sends to the dashboards; ``event`` journals; ``state()`` is the run
-    state (a paused or stopping run has no stalls).
+    state (a paused or stopping run has no stalls). ``pids()`` maps ranks to their pids
+    (as the kernel named them), to tell a stopped process from one that waits for it.
     """
 
-    def __init__(self, dist, store, publish: Callable[[Message], None], event: Callable[..., object],
-                 state: Callable[[], str], stall_seconds: float) -> None:
-        self._dist, self._store, self._publish, self._event = dist, store, publish, event
-        self._state, self._stall_seconds = state, stall_seconds
+    def __init__(self, store, publish: Callable[[Message], None], event: Callable[..., object],
+                 state: Callable[[], str], stall_seconds: float,
+                 pids: Callable[[], dict[int, int]] = dict) -> None:
+        self._store, self._publish, self._event = store, publish, event
+        self._state, self._stall_seconds, self._pids = state, stall_seconds, pids
+        self._queue: collections.deque[tuple[int, dict]] = collections.deque(maxlen=QUEUED_FLUSHES)
+        self._lock = threading.Lock()
         self._progress: dict[int, tuple[int, float]] = {}
         """Rank -> (its newest step, when it arrived)."""
-        self._stalled: set[int] = set()
+        self._stalled = False
+        self.stalled: str | None = None
+        """What the newest stall is (for run.json), or None while every rank makes steps."""
+
+    def receive(self, rank: int, payload: dict) -> None:
+        """A flush of ``rank`` (any thread): kept until the flusher's next ``collect``."""
+        self._queue.append((rank, payload))
 
     def collect(self, own_rows: list) -> None:
+        """Write and publish what the ranks sent; look for stalls (flusher thread)."""
         now = time.monotonic()
         if own_rows:
             self._progress[0] = (own_rows[-1][0], now)
-        for rank, payload in self._dist.pull():
-            events = [replace(e, rank=rank) for e in map(from_dict, payload["events"]) if isinstance(e, Event)]
-            samples = payload.get("samples") or []
-            self._store.write(rows=payload["rows"], rank=rank, events=events, samples=samples)
-            for event in events:
-                self._publish(event)
-            if payload["rows"]:
-                self._publish(Metrics(rows=payload["rows"], rank=rank))
-            if samples:
-                self._publish(Samples(rows=samples, rank=rank))
-            if payload["rows"]:
-                self._progress[rank] = (payload["rows"][-1][0], now)
-                self._stalled.discard(rank)
-        if self._state() != "running":
+        while self._queue:
+            rank, payload = self._queue.popleft()
+            try:
+                self._take(rank, payload, now)
+            except Exception:  # noqa: BLE001 - one bad flush must not stop the others
+                log.exception("a flush of rank %d could not be taken", rank)
+        self._watch(now)
+
+    def _take(self, rank: int, payload: dict, now: float) -> None:
+        rows = [r for r in payload.get("rows") or [] if isinstance(r, list) and len(r) == 3]
+        samples = payload.get("samples") or []
+        events = [replace(e, rank=rank) for e in map(from_dict, payload.get("events") or []) if isinstance(e, Event)]
+        layers = [m for m in map(from_dict, payload.get("layers") or [])
+                  if isinstance(m, (Layers, LayerNames, Schedule))] if rank == 0 else []
+        self._store.write(rows=rows, rank=rank, events=events, samples=samples, layers=layers)
+        for event in events:
+            self._publish(event)
+        if rows:
+            self._publish(Metrics(rows=rows, rank=rank))
+            self._progress[rank] = (rows[-1][0], now)
+        if samples:
+            self._publish(Samples(rows=samples, rank=rank))
+
+    def _watch(self, now: float) -> None:
+        """A stall is named once: the ranks behind the others, or a stopped process; a rank
+        that only waits for a stalled one (its peers block in a collective) is not named."""
+        if self._state() != "running" or not self._progress:
             return
-        for rank, (step, since) in self._progress.items():
-            if now - since > self._stall_seconds and rank not in self._stalled:
-                self._stalled.add(rank)
-                self._event("anomaly", f"rank {rank} stalled: no step for {now - since:.0f} s (at step {step})",
-                            stalled_rank=rank, step=step)
+        quiet = {rank: step for rank, (step, since) in self._progress.items() if now - since > self._stall_seconds}
+        if len(quiet) < len(self._progress):
+            if self._stalled:
+                self._stalled, self.stalled = False, None
+                self._event("run", "every rank makes steps again")
+            return
+        if self._stalled:
+            return
+        since = max(t for _, t in self._progress.values())
+        stopped = [rank for rank, pid in sorted(self._pids().items()) if _process_state(pid) == "T"]
+        lowest = min(quiet.values())
+        behind = [rank for rank, step in sorted(quiet.items()) if step == lowest]
+        if stopped:
+            culprits, why = stopped, "its process is stopped (SIGSTOP or a debugger)"
+        elif len(behind) < len(quiet):
+            culprits, why = behind, f"the others wait for it at step {max(quiet.values())}"
+        else:
+            culprits, why = [], ""
+        if culprits:
+            who = f"rank{'s' if len(culprits) > 1 else ''} {', '.join(map(str, culprits))}"
+            text = f"{who} stalled: no step for {now - since:.0f} s (at step {lowest}); {why}"
+        else:
+            text = f"no rank made a step for {now - since:.0f} s (all at step {lowest})"
+        self._stalled, self.stalled = True, text
+        self._event("anomaly", text, stalled_ranks=culprits, step=lowest)
+
+
+def _process_state(pid: int) -> str | None:
+    """The state letter of a process (R, S, D, T, Z...) from /proc, or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[0] if ")" in stat else None

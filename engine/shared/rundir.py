@@ -150,6 +150,39 @@ def registered() -> list[Path]:
     return dirs
 
 
+# ------------------------------------------------------------------ a torchrun job's ranks
+
+
+def _job_file(job: str) -> Path:
+    folder = private_dir() / "jobs"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder / "".join(c if c.isalnum() or c in "-_." else "_" for c in job)[:100]
+
+
+def announce_job(job: str, run_dir: Path) -> None:
+    """Rank 0 of a plain ``torchrun -m ptdash.bootstrap`` job: say where its run dir is, for
+    the job's other ranks (through the user's private directory, not the job's TCP store)."""
+    path = _job_file(job)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(str(Path(run_dir).resolve()))
+    os.replace(tmp, path)
+
+
+def find_job(job: str, timeout: float = 60.0) -> Path | None:
+    """Another rank of such a job: the run dir its rank 0 announced (waiting for it a while)."""
+    path, deadline = _job_file(job), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            run_dir = Path(path.read_text().strip())
+        except OSError:
+            time.sleep(0.1)
+            continue
+        if (run_dir / RUN_JSON).exists():
+            return run_dir
+        time.sleep(0.1)
+    return None
+
+
 # ------------------------------------------------------------------ every run, live or not
 
 

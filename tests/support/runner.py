@@ -76,38 +76,41 @@ class Run:
     def store(self) -> StoreReader:
         return StoreReader(self.run_dir / STORE_NAME)
 
-    def last_step(self) -> int:
+    def last_step(self, rank: int = 0) -> int:
         with self.store() as s:
-            return s.last_step() or 0
+            return s.last_step(rank) or 0
 
-    def series(self, name: str) -> tuple[list[int], list]:
+    def series(self, name: str, rank: int = 0) -> tuple[list[int], list]:
         with self.store() as s:
-            return s.series(name)
+            return s.series(name, rank=rank)
 
-    def walls(self) -> dict[int, float]:
-        """Step -> the wall time it ended, as the engine recorded it."""
+    def walls(self, rank: int = 0) -> dict[int, float]:
+        """Step -> the wall time it ended on ``rank``, as the engine recorded it."""
         with self.store() as s:
-            return dict(zip(*s.walls()))
+            return dict(zip(*s.walls(rank)))
 
-    def resume_after_hold(self, paused: Ack, hold: float = 0.5) -> Ack:
-        """Resume the run ``paused`` paused, after checking by the steps' own end times
-        that none ran while it was paused: a slow flusher or a busy machine cannot fail
-        this, a step that trained during the pause always does."""
+    def resume_after_hold(self, paused: Ack, hold: float = 0.5, ranks: tuple[int, ...] = (0,)) -> Ack:
+        """Resume the run ``paused`` paused, after checking by the steps' own end times (on
+        every rank in ``ranks``) that none ran while it was paused: a slow flusher or a busy
+        machine cannot fail this, a step that trained during the pause always does."""
         assert paused.ok, paused.message
-        self.wait_step(paused.step)
+        for rank in ranks:
+            self.wait_step(paused.step, rank=rank)
         time.sleep(hold)  # a pause worth the name; the check does not depend on it
         sent = time.time()
         ack = self.send("resume")
         assert ack.ok and ack.step == paused.step, ack
-        self.wait_step(paused.step + 1)
-        walls = self.walls()
-        assert max(w for s, w in walls.items() if s <= paused.step) < sent, "a step ended while paused"
-        assert min(w for s, w in walls.items() if s > paused.step) >= sent, "a step ended while paused"
-        assert sorted(walls) == list(range(min(walls), max(walls) + 1))
+        for rank in ranks:
+            self.wait_step(paused.step + 1, rank=rank)
+            walls = self.walls(rank)
+            assert max(w for s, w in walls.items() if s <= paused.step) < sent, f"a step ended on rank {rank} while paused"
+            assert min(w for s, w in walls.items() if s > paused.step) >= sent, f"a step ended on rank {rank} while paused"
+            assert sorted(walls) == list(range(min(walls), max(walls) + 1)), rank
         return ack
 
-    def wait_step(self, n: int, timeout: float = 60) -> int:
-        return wait_for(lambda: self.last_step() >= n and self.last_step(), timeout, what=f"step {n}")
+    def wait_step(self, n: int, timeout: float = 60, rank: int = 0) -> int:
+        return wait_for(lambda: self.last_step(rank) >= n and self.last_step(rank), timeout,
+                        what=f"step {n} on rank {rank}")
 
     def wait(self, timeout: float = 60) -> int:
         code = self.proc.wait(timeout)

@@ -52,6 +52,7 @@ def test_one_model_of_another_class_name_is_loaded_when_its_parameters_fit():
     source = torch.nn.Linear(4, 4)
     ckpt = build(5, [source], [], [], [], {})
     live = Net(4, 4)
-    warnings = apply(ckpt, [live], [], [], [])
+    restored, warnings = apply(ckpt, [live], [], [], [])
     assert warnings == ["model Net loaded from the checkpoint's Linear"]
+    assert restored[0] == "model Net"
     assert torch.equal(live.weight, source.weight)

@@ -1,0 +1,367 @@
+"""The hub: the process ptdash started, to which every training rank reports.
+
+It owns the run dir, the store, run.json and the dashboards' socket, whether it trains
+itself (one process, or rank 0 under torchrun, or the process a framework turns into
+rank 0) or only launches the ranks (``mp.spawn``). It also owns the command inbox, and
+the ranks agree on commands through it:
+
+- **Registration.** A rank says who it is (its rank and world size, from the process
+  group) when its engine starts; the hub learns its pid from the kernel (SO_PEERCRED).
+- **The channel decision.** At its first step every rank asks whether the ranks can
+  agree on commands. The hub answers once for all: yes when every rank of the world has
+  registered; otherwise no, naming the ranks it never heard from. Without the channel
+  only rank 0 applies commands, and commands that would change one replica and not the
+  others (clip, LR) are refused with that reason.
+- **The exchange.** At agreed steps each rank arrives with its step; when all have, the
+  hub hands every one the same commands and the step of the next exchange. That step is
+  chosen from the slowest rank's step time so that a command waits at most about
+  ``MAX_SPACING_SECONDS`` plus one step, and exchanges cost under ``EXCHANGE_SHARE`` of
+  the time; before any step time is known the ranks exchange at every step. While
+  paused, the hub holds the exchange open until a command comes (or half a second), so a
+  resume takes effect at once and no collective of the script times out.
+
+A rank in this process uses the hub directly; ranks in other processes reach it over the
+rank link (link.py). Nothing goes through the job's TCP store.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import link
+from .shared.private import check_private_dir
+from .shared.protocol import Command
+
+log = logging.getLogger("ptdash.hub")
+
+EXCHANGE_SECONDS = 0.05
+"""At most one command exchange per this many seconds of training..."""
+
+EXCHANGE_SHARE = 0.005
+"""...and no more often than keeps their measured cost under this share of the time..."""
+
+MAX_SPACING_SECONDS = 0.5
+"""...but at least one per this many seconds, which bounds a command's wait."""
+
+MAX_EVERY = 1000
+"""Steps between exchanges at most, however fast the steps."""
+
+MAX_COMMANDS = 8
+"""Commands handed out per exchange; more wait for the next one."""
+
+CHANNEL_WAIT = 10.0
+"""Seconds the channel decision waits for ranks that have not registered yet."""
+
+HOLD_SECONDS = 0.5
+"""While paused, how long an exchange waits for a command before it lets the ranks go round."""
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    pid: int
+    local: bool
+    """In the hub's own process."""
+    connections: int = 0
+    """Open link connections (a rank in another process has two)."""
+    step: int | None = None
+    """The step of its newest exchange."""
+    ended: bool = False
+
+
+def spacing_steps(step_seconds: float, cost_seconds: float) -> int:
+    """Steps until the next exchange: 1 while no step time is known; else as many as fit in
+    the spacing that keeps the exchange's cost under its share, at most MAX_SPACING_SECONDS."""
+    if not step_seconds or step_seconds <= 0 or not math.isfinite(step_seconds):
+        return 1
+    spacing = min(MAX_SPACING_SECONDS, max(EXCHANGE_SECONDS, cost_seconds / EXCHANGE_SHARE))
+    return max(1, min(MAX_EVERY, int(spacing / step_seconds)))
+
+
+class Hub:
+    """Registration, the channel decision and the command exchange (see the module docstring).
+
+    ``take_commands(n)`` pops up to n queued commands, ``queued()`` counts them;
+    ``on_data(rank, payload)`` takes what
+    a rank's flusher sent; ``on_publish(rank, msg)`` takes a message rank 0 publishes
+    (status, acks, live layer records) when rank 0 is in another process; ``event(kind,
+    message, **data)`` journals.
+    """
+
+    def __init__(self, path: Path, token: str, take_commands: Callable[[int], list[Command]],
+                 queued: Callable[[], int], on_data: Callable[[int, dict], None],
+                 on_publish: Callable[[int, dict], None], event: Callable[..., object]) -> None:
+        self.path = Path(path)
+        self._token = token
+        self._take, self._queued = take_commands, queued
+        self._on_data, self._on_publish, self._event = on_data, on_publish, event
+        self._cond = threading.Condition()
+        self.ranks: dict[int, RankInfo] = {}
+        self.world: int | None = None
+        self.participants: frozenset[int] | None = None
+        """The ranks that exchange commands, once decided (all, or rank 0 alone)."""
+        self.missing: list[int] = []
+        """Ranks never registered when the channel was decided."""
+        self._arrived: dict[int, tuple] = {}
+        self._round = 0
+        self._releasing = False
+        self._result: tuple[list[Command], int] = ([], 0)
+        self._costs: list[float] = []
+        self._sock: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self._closing = False
+        self.exchanges = 0
+
+    # ------------------------------------------------------------------ listening
+
+    def start(self) -> None:
+        check_private_dir(self.path.parent)
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(str(self.path))
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        sock.listen(64)
+        self._sock = sock
+        thread = threading.Thread(target=self._accept_loop, name="ptdash-hub", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._closing = True
+        with self._cond:
+            self._cond.notify_all()
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def _accept_loop(self) -> None:
+        while not self._closing:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(conn,), name="ptdash-hub-rank", daemon=True)
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        rank = None
+        try:
+            conn.settimeout(5.0)
+            pid, uid = _peer(conn)
+            if uid != os.getuid():
+                log.warning("rank link: refused a connection from uid %d", uid)
+                return  # another user: not a word
+            hello = link.recv(conn)
+            if not hello or not isinstance(hello.get("token"), str) or \
+                    not hmac.compare_digest(hello["token"].encode(), self._token.encode()):
+                link.send(conn, {"ok": False, "error": "wrong token"})
+                return
+            rank, world, role = hello.get("rank"), hello.get("world"), hello.get("hello")
+            error = self.register(rank, world, pid, local=False)
+            if error:
+                rank = None
+                link.send(conn, {"ok": False, "error": error})
+                return
+            link.send(conn, {"ok": True})
+            conn.settimeout(None)
+            if role == "control":
+                self._serve_control(conn, rank)
+            else:
+                self._serve_data(conn, rank)
+        except (OSError, ValueError) as exc:
+            if not self._closing:
+                log.warning("rank link of rank %s: %s", rank, exc)
+        finally:
+            conn.close()
+            if rank is not None:
+                self._disconnected(rank)
+
+    def _serve_control(self, conn: socket.socket, rank: int) -> None:
+        while (request := link.recv(conn)) is not None:
+            if "channel" in request:
+                ok, missing = self.channel(rank)
+                link.send(conn, {"channel": ok, "missing": missing})
+            elif "arrive" in request:
+                commands, next_step = self.exchange(rank, int(request["arrive"]), float(request.get("s") or 0.0),
+                                                    float(request.get("cost") or 0.0), bool(request.get("hold")),
+                                                    bool(request.get("barrier")))
+                link.send(conn, {"commands": [[c.id, c.name, c.value] for c in commands], "next": next_step})
+            else:
+                raise ValueError(f"unknown request {sorted(request)[:3]}")
+
+    def _serve_data(self, conn: socket.socket, rank: int) -> None:
+        while (frame := link.recv(conn)) is not None:
+            if "push" in frame:
+                self._on_data(rank, frame["push"])
+            elif "publish" in frame and rank == 0:
+                self._on_publish(rank, frame["publish"])
+            elif "bye" in frame:
+                with self._cond:
+                    self.ranks[rank].ended = True
+
+    # ------------------------------------------------------------------ registry
+
+    def register(self, rank, world, pid: int, local: bool) -> str | None:
+        """Record a rank's connection; an error message when it does not fit the job."""
+        if not isinstance(rank, int) or not isinstance(world, int) or not 0 <= rank < world:
+            return f"rank {rank!r} of world {world!r} is not a rank"
+        with self._cond:
+            if self.world is None:
+                self.world = world
+            elif world != self.world:
+                return f"rank {rank} says the world has {world} ranks; the others said {self.world}"
+            info = self.ranks.get(rank)
+            if info is not None and info.pid != pid:
+                return f"rank {rank} is already registered by pid {info.pid}"
+            if info is None:
+                info = self.ranks[rank] = RankInfo(rank, pid, local)
+            info.connections += 1
+            self._cond.notify_all()
+        return None
+
+    def _disconnected(self, rank: int) -> None:
+        with self._cond:
+            info = self.ranks.get(rank)
+            if info is None:
+                return
+            info.connections -= 1
+            if info.connections <= 0 and self.participants is not None and rank in self.participants:
+                # A rank that is gone never arrives: the others must not wait for it.
+                self.participants = self.participants - {rank}
+                self._release_if_complete()
+            self._cond.notify_all()
+
+    def rank_pids(self) -> dict[int, int]:
+        """Rank -> pid, as the kernel named them (this process's own pid for a rank in it)."""
+        with self._cond:
+            return {rank: info.pid for rank, info in self.ranks.items()}
+
+    def pids(self) -> list[int]:
+        """Pids of the ranks in other processes, as the kernel named them."""
+        with self._cond:
+            return [info.pid for info in self.ranks.values() if not info.local]
+
+    # ------------------------------------------------------------------ channel
+
+    def channel(self, rank: int) -> tuple[bool, list[int]]:
+        """Whether the ranks exchange commands (the same answer for every rank), and who is missing."""
+        with self._cond:
+            if self.participants is None:
+                deadline = time.monotonic() + CHANNEL_WAIT
+                while self.world is not None and len(self.ranks) < self.world and not self._closing:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self.participants is not None:
+                        break
+                    self._cond.wait(left)
+            if self.participants is None:
+                world = self.world or 1
+                self.missing = [r for r in range(world) if r not in self.ranks]
+                self.participants = frozenset(range(world)) if not self.missing else frozenset({0})
+                if not self.missing:
+                    self._event("run", f"rank channel up: {world} ranks", world=world)
+                else:
+                    self._event("warning", f"rank{'s' if len(self.missing) > 1 else ''} "
+                                f"{', '.join(map(str, self.missing))} of {world} never reached ptdash "
+                                "(started without it?): commands reach rank 0 only, and clip and LR changes "
+                                "are refused so that the replicas cannot diverge", missing=self.missing)
+            return rank in self.participants, list(self.missing)
+
+    @property
+    def partial(self) -> str | None:
+        """Why clip and LR changes are refused (some rank is not instrumented), or None."""
+        if not self.missing:
+            return None
+        return (f"rank{'s' if len(self.missing) > 1 else ''} {', '.join(map(str, self.missing))} "
+                "run without ptdash, so the change would reach some replicas and not the others")
+
+    # ------------------------------------------------------------------ exchange
+
+    def exchange(self, rank: int, step: int, step_seconds: float, cost: float, hold: bool,
+                 barrier: bool = False) -> tuple[list[Command], int]:
+        """Wait until every participant arrived, then return the round's commands (the
+        same for all) and the step of the next exchange. ``barrier``: a round that hands
+        out no commands (a checkpoint's barrier)."""
+        with self._cond:
+            participants = self.participants or frozenset({rank})
+            if rank not in participants:
+                return [], step + 1
+            my_round = self._round
+            self._arrived[rank] = (step, step_seconds, cost, hold, barrier)
+            info = self.ranks.get(rank)
+            if info is not None:
+                info.step = step
+            if not self._release_if_complete():
+                while self._round == my_round and not self._closing:
+                    self._cond.wait(1.0)
+            commands, next_step = self._result
+        if rank != 0:
+            commands = [Command(id="", name=c.name, value=c.value) for c in commands]
+        return commands, next_step
+
+    def _release_if_complete(self) -> bool:
+        """With the lock held: release the round when every participant is in."""
+        participants = self.participants or frozenset()
+        if self._releasing or not self._arrived or not participants <= set(self._arrived):
+            return False
+        arrivals = list(self._arrived.values())
+        barrier = any(a[4] for a in arrivals)
+        commands: list[Command] = []
+        if not barrier:
+            commands = self._take(MAX_COMMANDS)
+            if not commands and all(a[3] for a in arrivals):
+                # Paused: hold the round open for a command, so that a resume is immediate.
+                self._releasing = True
+                try:
+                    self._cond.wait_for(lambda: self._closing or self._queued() > 0, HOLD_SECONDS)
+                finally:
+                    self._releasing = False
+                commands = self._take(MAX_COMMANDS)
+        step = max(a[0] for a in arrivals)
+        slowest = max(a[1] for a in arrivals)
+        costs = [a[2] for a in arrivals if a[2] > 0]
+        if costs:
+            self._costs = (self._costs + [min(costs)])[-16:]
+        cost = sorted(self._costs)[len(self._costs) // 2] if self._costs else 0.0
+        self._result = (commands, step + spacing_steps(slowest, cost))
+        self._arrived = {}
+        self._round += 1
+        self.exchanges += 1
+        self._cond.notify_all()
+        return True
+
+    def wake(self) -> None:
+        """A command was queued: a paused round holding open may go."""
+        with self._cond:
+            self._cond.notify_all()
+
+
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end, from the kernel."""
+    import struct
+
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid

@@ -1,0 +1,67 @@
+"""An engine for a rank that ptdash did not start itself, once it joined a process group.
+
+``mp.spawn`` children, and the ranks a framework starts by re-executing the interpreter,
+import the start-up hook (``ptdash/startup``), which calls ``start_rank`` when the
+script's ``init_process_group`` returns: the rank and world size are then the process
+group's. The engine reports to the hub (the process ptdash started) over the rank link,
+and is finished when the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from . import engine as engine_module
+
+log = logging.getLogger("ptdash.rankstart")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int | None) -> None:
+    """SIGKILL this process when its parent dies (Linux), so that a killed launcher leaves
+    no rank behind; at once if the parent is already gone."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def start_rank() -> None:
+    """Start this process's engine (once), as a rank reporting to the hub."""
+    if engine_module.ENGINE is not None or "PTDASH_RUN_DIR" not in os.environ:
+        return
+    from .bootstrap import setup_logging
+    from .distributed import group_rank
+    from .shared import rundir
+
+    found = group_rank()
+    if found is None:
+        return
+    run_dir = Path(os.environ["PTDASH_RUN_DIR"])
+    setup_logging(run_dir)
+    parent = os.environ.get("PTDASH_HUB_PID")
+    if parent and parent.isdigit() and os.getppid() == int(parent):
+        die_with_parent(int(parent))
+    engine = engine_module.Engine(run_dir, rundir.read_info(run_dir).config, hub=False)
+    engine.start()
+    log.info("rank %d of %d (pid %d) reports to the hub", *found, os.getpid())
+    atexit.register(_finish, engine)
+
+
+def _finish(engine) -> None:
+    from .controls import StopTraining
+
+    stopped = engine.journal.state == "stopping" or isinstance(sys.exc_info()[1], StopTraining)
+    try:
+        engine.finish("stopped" if stopped else "finished", 0)
+    except Exception:  # noqa: BLE001 - at exit: the rank's end must not fail on ptdash
+        log.exception("finishing the rank's engine failed")
