@@ -120,7 +120,7 @@ class Engine:
                                         lambda: self.journal.total_steps,
                                         on_end=self._schedule_end) if leads else None)
         self.ranks = (RankCollector(self.store, self._publish, self.journal.event, lambda: self.journal.state,
-                                    config.stall_seconds, self.hub.rank_pids) if self.primary else None)
+                                    config.stall_seconds, self.hub.rank_pids, self._stalled) if self.primary else None)
         self.flusher = Flusher(self.recorder, self.journal, self.doctor, self.anomalies, self.naming,
                                system.SystemSampler(), self._publish, store=self.store,
                                push=None if self.primary else self.dist.push, ranks=self.ranks,
@@ -178,6 +178,13 @@ class Engine:
             if msg.end is not None and self.config.steps is None:
                 self.journal.total_steps = msg.end
         self._publish(msg)
+
+    def _stalled(self, text: str | None) -> None:
+        """No rank makes steps (``text`` says which stalled), or they do again: run.json says so for ``ls``."""
+        try:
+            rundir.update_info(self.run_dir, stalled=text)
+        except (OSError, ValueError):
+            log.exception("could not update run.json")
 
     def _hub_event(self, kind: str, message: str, **data) -> None:
         self.journal.event(kind, message, **data)

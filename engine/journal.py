@@ -66,15 +66,21 @@ class Journal:
 
         Its end is only remembered: the run ends when the process ptdash started does.
         """
+        s = self._settings
+        before = (self.state, self.paused_at, s.clip, s.lr_scale, self.total_steps)
         self._mirrored_step = status.step
-        self._settings.clip, self._settings.lr_scale = status.clip, status.lr_scale
+        s.clip, s.lr_scale = status.clip, status.lr_scale
         if status.total_steps is not None:
             self.total_steps = status.total_steps
+        state = self.state
         if status.state in ENDED:
             self.leader_ended = status.state
-            self.set_state(None)
-            return
-        self.set_state(status.state, paused_at=status.paused_at)
+        else:
+            state, self.paused_at = status.state, status.paused_at
+        if (state, self.paused_at, s.clip, s.lr_scale, self.total_steps) != before:
+            self.set_state(state)  # and run.json
+        else:
+            self._publish(self.status())  # the periodic status: no need to write run.json
 
     def set_state(self, state: str | None = None, **changes) -> None:
         """Change the run state (None: only a setting or ``paused_at`` changed), tell every

@@ -34,8 +34,9 @@ class RankCollector:
 
     def __init__(self, store, publish: Callable[[Message], None], event: Callable[..., object],
                  state: Callable[[], str], stall_seconds: float,
-                 pids: Callable[[], dict[int, int]] = dict) -> None:
-        self._store, self._publish, self._event = store, publish, event
+                 pids: Callable[[], dict[int, int]] = dict,
+                 on_stall: Callable[[str | None], None] = lambda text: None) -> None:
+        self._store, self._publish, self._event, self._on_stall = store, publish, event, on_stall
         self._state, self._stall_seconds, self._pids = state, stall_seconds, pids
         self._queue: collections.deque[tuple[int, dict]] = collections.deque(maxlen=QUEUED_FLUSHES)
         self._lock = threading.Lock()
@@ -87,6 +88,7 @@ class RankCollector:
             if self._stalled:
                 self._stalled, self.stalled = False, None
                 self._event("run", "every rank makes steps again")
+                self._on_stall(None)
             return
         if self._stalled:
             return
@@ -107,6 +109,7 @@ class RankCollector:
             text = f"no rank made a step for {now - since:.0f} s (all at step {lowest})"
         self._stalled, self.stalled = True, text
         self._event("anomaly", text, stalled_ranks=culprits, step=lowest)
+        self._on_stall(text)
 
 
 def _process_state(pid: int) -> str | None:

@@ -35,14 +35,16 @@ class RunSummary:
 
     @property
     def state(self) -> str:
-        """``live``, ``paused``, ``finished``, ``crashed``, ``stopped`` or ``lost`` (and
-        ``starting``/``stopping`` in passing)."""
+        """``live``, ``stalled`` (no rank of a DDP run makes steps), ``paused``, ``finished``,
+        ``crashed``, ``stopped`` or ``lost`` (and ``starting``/``stopping`` in passing)."""
         status = self.info.status
         if status in ENDED:
             return status
         if not self.live:
             # The engine died without recording its end (SIGKILL, power loss).
             return "lost" if self.info.pid else "starting"
+        if status == "running" and self.info.stalled:
+            return "stalled"
         return LS_STATES.get(status, status)
 
     @property

@@ -193,6 +193,8 @@ class RunInfo:
     error: str | None = None
     """Why the engine could not start."""
     rank_failures: list | None = None
+    stalled: str | None = None
+    """While no rank makes steps (DDP): which rank stalled and why; None otherwise."""
     """``[{"rank", "exitcode"}]`` of the ranks that failed, first failure first."""
 
     def __post_init__(self) -> None:

@@ -30,6 +30,7 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def read_info(run_dir: Path) -> RunInfo:
 def write_info(run_dir: Path, info: RunInfo) -> None:
     """Replace run.json atomically, so a reader never sees half of it."""
     path = Path(run_dir) / RUN_JSON
-    tmp = path.with_name(f".{RUN_JSON}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{RUN_JSON}.{os.getpid()}.{threading.get_ident()}.tmp")
     with os.fdopen(perms.open_file(tmp), "w") as f:
         f.write(json.dumps(info.to_json(), indent=2, default=str))
     os.replace(tmp, path)
@@ -105,9 +106,13 @@ def update_info(run_dir: Path, **changes) -> RunInfo:
     unknown = set(changes) - RunInfo.fields()
     if unknown:
         raise TypeError(f"run.json has no field {', '.join(sorted(unknown))}")
-    info = dataclasses.replace(read_info(run_dir), **changes)
-    write_info(run_dir, info)
+    with _UPDATES:  # the engine's threads each update run.json: none may undo another's change
+        info = dataclasses.replace(read_info(run_dir), **changes)
+        write_info(run_dir, info)
     return info
+
+
+_UPDATES = threading.RLock()
 
 
 def read_token(run_dir: Path) -> str:

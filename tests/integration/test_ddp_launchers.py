@@ -8,13 +8,14 @@ that runs every rank's ``finally``; and a killed launcher leaves no process behi
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
 import pytest
 import torch
 
-from support.runner import SCRIPTS, Run, wait_for
+from support.runner import ENV, SCRIPTS, Run, ptdash, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -134,6 +135,33 @@ def test_a_rank_started_without_ptdash_is_named_and_clip_is_refused(tmp_path):
         assert paused.ok and paused.step >= 3
         with run.store() as s:
             assert s.last_step(1) is None  # nothing pretends to know rank 1
+    finally:
+        run.close()
+        _kill_all(_trainers(tmp_path))
+
+
+def test_a_stopped_rank_is_named_stalled_and_the_rank_waiting_for_it_is_not(tmp_path):
+    run = Run(tmp_path, SCRIPTS / "ddp_spawn.py", "--sleep", "0.02", options=("--stall-timeout", "2"))
+    try:
+        wait_for(lambda: run.last_step(0) >= 3 and run.last_step(1) >= 3, 120, what="both ranks stepping")
+        log = (run.run_dir / "engine.log").read_text()
+        rank1 = int(re.search(r"rank 1 of 2 \(pid (\d+)\)", log).group(1))
+        os.kill(rank1, signal.SIGSTOP)
+        try:
+            stall = wait_for(lambda: [e for e in _events(run) if "stalled" in e.message], 60, what="the stall")
+            assert stall[0].message.startswith("rank 1 stalled: no step for ")
+            assert "its process is stopped" in stall[0].message
+            listed = ptdash("ls", cwd=tmp_path, env={**ENV, "COLUMNS": "200"})
+            assert "stalled" in listed.stdout, listed.stdout
+            assert "stalled" in run.info().stalled
+        finally:
+            os.kill(rank1, signal.SIGCONT)
+        wait_for(lambda: any(e.message == "every rank makes steps again" for e in _events(run)), 60,
+                 what="the ranks to make steps again")
+        assert not any("rank 0" in e.message and "stalled" in e.message for e in _events(run))
+        assert run.info().stalled is None
+        assert run.send("stop").ok
+        assert run.wait(120) == 0
     finally:
         run.close()
         _kill_all(_trainers(tmp_path))
