@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from support.runner import ENV, SCRIPTS, Run, ptdash, wait_for
+from support.runner import ENV, SCRIPTS, Run, kill_all, processes_in, ptdash, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -26,32 +26,9 @@ LAUNCHERS = {
 }
 
 
-def _trainers(tmp_path) -> list[int]:
-    """Pids of the processes that run a test script from this test's directory (by cwd)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.readlink(f"/proc/{entry}/cwd") == str(tmp_path) and \
-                    b"ptdash.tui.cli" not in open(f"/proc/{entry}/cmdline", "rb").read():
-                pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
-
-
 def _events(run: Run) -> list:
     with run.store() as s:
         return s.events()
-
-
-def _kill_all(pids) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.mark.parametrize("launcher", list(LAUNCHERS))
@@ -95,10 +72,10 @@ def test_commands_reach_both_ranks_from_the_first_steps(tmp_path, launcher):
             messages = [e.message for e in s.events()]
         assert all(len(v) >= stop.step and all(x is not None for x in v) for v in losses.values())
         assert "rank channel up: 2 ranks" in messages
-        wait_for(lambda: not _trainers(tmp_path), 30, what="no rank left")
+        wait_for(lambda: not processes_in(tmp_path), 30, what="no rank left")
     finally:
         run.close()
-        _kill_all(_trainers(tmp_path))
+        kill_all(processes_in(tmp_path))
 
 
 @pytest.mark.parametrize("launcher", list(LAUNCHERS))
@@ -108,16 +85,16 @@ def test_a_killed_launcher_leaves_no_rank_behind(tmp_path, launcher):
     try:
         wait_for(lambda: run.last_step(0) >= 2 and run.last_step(1) >= 2, 120, what="both ranks stepping")
         hub = run.info().pid  # the process ptdash started: the launcher of every rank
-        assert len(_trainers(tmp_path)) >= 2
+        assert len(processes_in(tmp_path)) >= 2
         victim = hub
         if launcher == "nproc-per-node":  # there the launcher is ptdash.launch, rank 0's parent
             victim = int(open(f"/proc/{hub}/stat").read().rpartition(")")[2].split()[1])
             assert b"ptdash.launch" in open(f"/proc/{victim}/cmdline", "rb").read()
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: not _trainers(tmp_path), 60, what="every rank to end with its launcher")
+        wait_for(lambda: not processes_in(tmp_path), 60, what="every rank to end with its launcher")
     finally:
         run.close()
-        _kill_all(_trainers(tmp_path))
+        kill_all(processes_in(tmp_path))
 
 
 def test_a_rank_started_without_ptdash_is_named_and_clip_is_refused(tmp_path):
@@ -137,7 +114,7 @@ def test_a_rank_started_without_ptdash_is_named_and_clip_is_refused(tmp_path):
             assert s.last_step(1) is None  # nothing pretends to know rank 1
     finally:
         run.close()
-        _kill_all(_trainers(tmp_path))
+        kill_all(processes_in(tmp_path))
 
 
 def test_a_stopped_rank_is_named_stalled_and_the_rank_waiting_for_it_is_not(tmp_path):
@@ -164,4 +141,4 @@ def test_a_stopped_rank_is_named_stalled_and_the_rank_waiting_for_it_is_not(tmp_
         assert run.wait(120) == 0
     finally:
         run.close()
-        _kill_all(_trainers(tmp_path))
+        kill_all(processes_in(tmp_path))

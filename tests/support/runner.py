@@ -144,3 +144,27 @@ def engine_pid(run_dir: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return pid if f"PTDASH_RUN_DIR={run_dir}".encode() in environ else None
+
+
+def processes_in(cwd: Path) -> list[int]:
+    """Pids of the processes working in ``cwd`` (a test's own directory), other than the
+    ``ptdash`` front: the engine, its ranks and whatever they started."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/cwd") == str(cwd) and \
+                    b"ptdash.tui.cli" not in open(f"/proc/{entry}/cmdline", "rb").read():
+                pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def kill_all(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
