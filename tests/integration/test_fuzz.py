@@ -19,7 +19,7 @@ import time
 
 from ptdash.shared import protocol, rundir
 from ptdash.shared.client import Client
-from ptdash.shared.protocol import COMMANDS, Ack, Refused, Status
+from ptdash.shared.protocol import COMMANDS, Ack, Command, Refused, Status
 from ptdash.shared.reader import StoreReader
 from support.runner import SCRIPTS, Run, wait_for
 
@@ -95,6 +95,9 @@ def junk(rng: random.Random) -> bytes:
                  .encode()[:60000])
 
 
+SENTINEL = "fuzz-end"
+
+
 class Fuzz:
     """Runs the cases from several threads and keeps what came back."""
 
@@ -125,27 +128,34 @@ class Fuzz:
 
     def _one(self, hello: bool, frames: list[bytes]) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(5)
+        sock.settimeout(60)
         try:
             sock.connect(self.path)
             if hello:
                 sock.sendall(protocol.encode(protocol.Hello(token=self.token, client="fuzz")))
             for data in frames:
                 sock.sendall(data)
-            self._collect(sock)
+            # Last, a command the engine answers (with a refusal): it answers a connection's
+            # frames in order, so once that answer is in, every earlier one has been read,
+            # however slow the engine is. A connection it closed instead ends at EOF.
+            sock.sendall(protocol.encode(Command(id=SENTINEL, name="no-such-command")))
         except OSError:
-            pass  # the engine closed on us: that is one of the answers
+            pass  # the engine closed on us: what it answered before is still there to read
+        try:
+            self._collect(sock)
         finally:
             sock.close()
 
     def _collect(self, sock: socket.socket) -> None:
-        """Read answers for a moment: acks must all be refusals."""
+        """Read every answer, to the sentinel's or to EOF: acks must all be refusals."""
         reader = protocol.FrameReader()
-        sock.settimeout(0.2)
         try:
             while chunk := sock.recv(1 << 16):
                 for payload in reader.feed(chunk):
                     msg = protocol.decode(payload)
+                    if isinstance(msg, Ack) and msg.id == SENTINEL:
+                        assert not msg.ok, msg
+                        return
                     with self.lock:
                         if isinstance(msg, Ack):
                             self.acks.append(msg)
