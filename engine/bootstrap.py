@@ -108,11 +108,12 @@ def _hand_down(primary: bool) -> None:
     """What the script's own processes inherit: the start-up hook that finds the ranks it
     starts (``ptdash/startup``), and who the hub is. A rank that ptdash's launcher started
     dies with it."""
-    from .rankstart import die_with_parent
+    from .rankstart import die_with_parent, wrap_init_in_hub
     from .startup import STARTUP_DIR
 
     if primary:
         os.environ["PTDASH_HUB_PID"] = str(os.getpid())
+        wrap_init_in_hub()
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(STARTUP_DIR)]
     os.environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR), *paths])
     launcher = os.environ.get("PTDASH_LAUNCHER_PID")

@@ -69,6 +69,7 @@ class Engine:
 
     def __init__(self, run_dir: Path | None, config: RunConfig, hub: bool | None = None) -> None:
         self.config = config
+        self.pid = os.getpid()
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
         self.primary = Distributed().rank == 0 if hub is None else hub
         self.info = rundir.read_info(self.run_dir) if self.run_dir is not None else None
@@ -273,6 +274,13 @@ class Engine:
                                step=self.hooks.step, detail=detail.strip().splitlines()[-1] if detail.strip() else None)
             rundir.unregister(self.info.id)
         ENGINE = None
+
+    def abandon(self) -> None:
+        """In a process forked from this engine's (a copy without its threads): take its
+        hooks out, so that this process's steps are not recorded into nothing."""
+        self.hooks.detach()
+        self.doctor.detach()
+        self._patches.undo()
 
     def kill(self) -> None:
         """Immediate end, from the server thread: flush what we can, then SIGKILL every rank here."""

@@ -35,9 +35,42 @@ def die_with_parent(parent: int | None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def wrap_init_in_hub() -> None:
+    """The hub's own ``init_process_group``: a child forked from the hub (``multiprocessing``'s
+    default start method on Linux) runs no start-up hook, but calls this copy."""
+    import torch.distributed as dist
+
+    real = getattr(dist, "init_process_group", None)
+    if real is None or getattr(real, "__ptdash__", False):
+        return
+    hub = os.getpid()
+
+    def init_process_group(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if os.getpid() != hub:
+            try:
+                start_rank()
+            except Exception as exc:  # noqa: BLE001 - training goes on without ptdash
+                print(f"ptdash: this rank runs without ptdash: {type(exc).__name__}: {exc}", file=sys.stderr,
+                      flush=True)
+        return result
+
+    for name in ("__doc__", "__name__", "__qualname__", "__module__"):
+        setattr(init_process_group, name, getattr(real, name))
+    init_process_group.__wrapped__ = real
+    init_process_group.__ptdash__ = True
+    dist.init_process_group = init_process_group
+
+
 def start_rank() -> None:
     """Start this process's engine (once), as a rank reporting to the hub."""
-    if engine_module.ENGINE is not None or "PTDASH_RUN_DIR" not in os.environ:
+    inherited = engine_module.ENGINE
+    if inherited is not None and inherited.pid != os.getpid():
+        # Forked from a process with an engine: that copy's threads are not here, and its
+        # hooks would record into nothing. This process gets an engine of its own.
+        inherited.abandon()
+        engine_module.ENGINE = inherited = None
+    if inherited is not None or "PTDASH_RUN_DIR" not in os.environ:
         return
     from .bootstrap import setup_logging
     from .distributed import group_rank
@@ -54,12 +87,20 @@ def start_rank() -> None:
     engine = engine_module.Engine(run_dir, rundir.read_info(run_dir).config, hub=False)
     engine.start()
     log.info("rank %d of %d (pid %d) reports to the hub", *found, os.getpid())
+    # At exit: atexit for an interpreter of its own; a multiprocessing child (forked ones
+    # leave through os._exit, past atexit) runs its finalizers instead. Whichever comes first.
     atexit.register(_finish, engine)
+    from multiprocessing import util
+
+    util.Finalize(engine, _finish, args=(engine,), exitpriority=100)
 
 
 def _finish(engine) -> None:
     from .controls import StopTraining
 
+    if getattr(engine, "_finished_at_exit", False):
+        return
+    engine._finished_at_exit = True
     stopped = engine.journal.state == "stopping" or isinstance(sys.exc_info()[1], StopTraining)
     try:
         engine.finish("stopped" if stopped else "finished", 0)

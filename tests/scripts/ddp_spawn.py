@@ -1,12 +1,15 @@
 """The textbook DDP skeleton ("Getting Started with Distributed Data Parallel"):
 ``mp.spawn(train, args=(world_size, args), nprocs=world_size)``, an explicit rank and
 world size to ``init_process_group("gloo")``, a DDP model and a DistributedSampler with
-``set_epoch``. The main process only picks a port, spawns and joins.
+``set_epoch``. The main process only picks a port, spawns and joins. ``--fork`` starts
+the ranks as ``multiprocessing.Process`` targets with the fork start method instead
+(Linux's default for multiprocessing), as hand-written launchers do.
 
 Each rank saves its final parameters to params-<rank>.pt and prints "rank R finally ran"
 from a ``finally`` block, however training ends.
 """
 import argparse
+import multiprocessing
 import os
 import socket
 import time
@@ -74,9 +77,20 @@ def main():
     parser.add_argument("--epochs", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--sleep", type=float, default=0.02)
+    parser.add_argument("--fork", action="store_true")
     args = parser.parse_args()
     args.port = free_port()
-    mp.spawn(train, args=(args.world_size, args), nprocs=args.world_size, join=True)
+    if args.fork:
+        context = multiprocessing.get_context("fork")
+        ranks = [context.Process(target=train, args=(rank, args.world_size, args)) for rank in range(args.world_size)]
+        for process in ranks:
+            process.start()
+        for process in ranks:
+            process.join()
+        if any(process.exitcode for process in ranks):
+            raise SystemExit(f"ranks failed: {[process.exitcode for process in ranks]}")
+    else:
+        mp.spawn(train, args=(args.world_size, args), nprocs=args.world_size, join=True)
     print("all ranks joined", flush=True)
 
 
