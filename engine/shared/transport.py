@@ -137,6 +137,11 @@ class Server:
         self._wake()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        if self._thread is None:
+            self._wake_r.close()
+            self._selector.close()
+        if self._thread is None or not self._thread.is_alive():
+            self._wake_w.close()
         if self._throttle.held:
             log.warning("%d more notes about clients were not logged", self._throttle.held)
         try:
@@ -230,6 +235,8 @@ class Server:
             for client in list(self._clients.values()):
                 self._close(client)
             self._listener.close()
+            self._selector.close()
+            self._wake_r.close()
 
     def _service(self, client: _Client, events: int) -> None:
         """Read and write one client; whatever goes wrong with it ends only that client."""
