@@ -49,7 +49,8 @@ def train(rank, world_size, args):
     x = torch.randn(4096, 8, generator=g) * 10
     dataset = TensorDataset(x, x.sum(1, keepdim=True))
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=0)
-    loader = DataLoader(dataset, batch_size=16, sampler=sampler)
+    loader = DataLoader(dataset, batch_size=16, sampler=sampler, num_workers=args.workers,
+                        persistent_workers=args.workers > 0)
     model = DDP(ToyModel())
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     step = 0
@@ -78,6 +79,7 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--sleep", type=float, default=0.02)
     parser.add_argument("--fork", action="store_true")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
     args = parser.parse_args()
     args.port = free_port()
     if args.fork:
