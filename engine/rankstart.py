@@ -86,6 +86,7 @@ def start_rank() -> None:
         die_with_parent(int(parent))
     engine = engine_module.Engine(run_dir, rundir.read_info(run_dir).config, hub=False)
     engine.start()
+    _watch_uncaught(engine)
     log.info("rank %d of %d (pid %d) reports to the hub", *found, os.getpid())
     # At exit: atexit for an interpreter of its own; a multiprocessing child (forked ones
     # leave through os._exit, past atexit) runs its finalizers instead. Whichever comes first.
@@ -95,14 +96,32 @@ def start_rank() -> None:
     util.Finalize(engine, _finish, args=(engine,), exitpriority=100)
 
 
+def _watch_uncaught(engine) -> None:
+    """Remember an exception that ends the script (a re-executed rank's crash), for its end's record."""
+    previous = sys.excepthook
+
+    def excepthook(kind, value, traceback):
+        engine.uncaught = value
+        previous(kind, value, traceback)
+
+    sys.excepthook = excepthook
+
+
 def _finish(engine) -> None:
     from .controls import StopTraining
 
     if getattr(engine, "_finished_at_exit", False):
         return
     engine._finished_at_exit = True
-    stopped = engine.journal.state == "stopping" or isinstance(sys.exc_info()[1], StopTraining)
+    uncaught = getattr(engine, "uncaught", None)
+    stopped = engine.journal.state == "stopping" or isinstance(uncaught, StopTraining)
     try:
-        engine.finish("stopped" if stopped else "finished", 0)
+        if stopped:
+            engine.finish("stopped", 0)
+        elif uncaught is not None:
+            engine.on_crash(uncaught)
+            engine.finish("crashed", 1, f"{type(uncaught).__name__}: {uncaught}")
+        else:
+            engine.finish("finished", 0)
     except Exception:  # noqa: BLE001 - at exit: the rank's end must not fail on ptdash
         log.exception("finishing the rank's engine failed")

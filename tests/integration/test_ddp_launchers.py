@@ -143,3 +143,20 @@ def test_a_stopped_rank_is_named_stalled_and_the_rank_waiting_for_it_is_not(tmp_
     finally:
         run.close()
         kill_all(processes_in(tmp_path))
+
+
+def test_a_crashed_rank_is_recorded_and_the_run_ends_crashed(tmp_path):
+    run = Run(tmp_path, SCRIPTS / "ddp_reexec.py", "--sleep", "0.02", "--crash-rank1-at", "20")
+    try:
+        code = run.wait(120)
+        assert code != 0
+        info = run.info()
+        assert info.status == "crashed", info
+        messages = [e.message for e in _events(run)]
+        assert any(m.startswith("rank 1 crashed with exit code 1: RuntimeError: rank 1 fails at step 20")
+                   for m in messages), messages
+        with run.store() as s:
+            assert s.last_step(1) == 19
+    finally:
+        run.close()
+        kill_all(processes_in(tmp_path))

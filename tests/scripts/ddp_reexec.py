@@ -45,6 +45,7 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--sleep", type=float, default=0.02)
     parser.add_argument("--bare-child", action="store_true")
+    parser.add_argument("--crash-rank1-at", type=int, default=0, help="rank 1 raises at this step")
     args = parser.parse_args()
     children = launch_children(args.bare_child) if "LOCAL_RANK" not in os.environ else []
     rank = int(os.environ["RANK"])
@@ -57,10 +58,14 @@ def main():
     loader = DataLoader(dataset, batch_size=8, sampler=sampler)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1)))
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    step = 0
     try:
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
             for inputs, targets in loader:
+                step += 1
+                if rank == 1 and step == args.crash_rank1_at:
+                    raise RuntimeError(f"rank 1 fails at step {step}")
                 optimizer.zero_grad()
                 loss = nn.functional.mse_loss(model(inputs), targets)
                 loss.backward()
