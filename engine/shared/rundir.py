@@ -173,6 +173,13 @@ def announce_job(job: str, run_dir: Path) -> None:
     os.replace(tmp, path)
 
 
+def forget_job(job: str) -> None:
+    try:
+        _job_file(job).unlink()
+    except OSError:
+        pass
+
+
 def find_job(job: str, timeout: float = 60.0) -> Path | None:
     """Another rank of such a job: the run dir its rank 0 announced (waiting for it a while)."""
     path, deadline = _job_file(job), time.monotonic() + timeout
