@@ -271,7 +271,7 @@ class Engine:
             self.server.stop()
             self.store.close()
             rundir.update_info(self.run_dir, status=state, exit_code=exit_code, ended=time.time(),
-                               step=self.hooks.step, detail=detail.strip().splitlines()[-1] if detail.strip() else None)
+                               step=self.journal.step(), detail=detail.strip().splitlines()[-1] if detail.strip() else None)
             rundir.unregister(self.info.id)
             if os.environ.get("TORCHELASTIC_RUN_ID") and "PTDASH_LAUNCHER_PID" not in os.environ:
                 rundir.forget_job(os.environ["TORCHELASTIC_RUN_ID"])  # a plain torchrun's pointer for its ranks

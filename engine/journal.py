@@ -57,9 +57,13 @@ class Journal:
 
     def status(self) -> Status:
         s = self._settings
-        step = self._step() if self._mirrored_step is None else max(self._step(), self._mirrored_step)
-        return Status(state=self.state, step=step, total_steps=self.total_steps, paused_at=self.paused_at,
+        return Status(state=self.state, step=self.step(), total_steps=self.total_steps, paused_at=self.paused_at,
                       clip=s.clip, lr_scale=s.lr_scale, exit_code=self.exit_code, detail=self.detail)
+
+    def step(self) -> int:
+        """The run's step: this process's, or rank 0's when it runs in another process."""
+        own = self._step()
+        return own if self._mirrored_step is None else max(own, self._mirrored_step)
 
     def mirror(self, status: Status) -> None:
         """The hub, when rank 0 runs in another process: rank 0's status is the run's.
@@ -111,7 +115,7 @@ class Journal:
         safe, replaced = json_safe(data)
         if replaced:
             safe["nonfinite"] = True
-        ev = Event(kind=kind, step=self._step(), wall=time.time(), message=str(message), data=safe, rank=self.rank)
+        ev = Event(kind=kind, step=self.step(), wall=time.time(), message=str(message), data=safe, rank=self.rank)
         with self._lock:
             self._pending.append(ev)
             if kind == "command":

@@ -67,6 +67,7 @@ def test_commands_reach_both_ranks_from_the_first_steps(tmp_path, launcher):
             assert torch.equal(p0[key], p1[key]), key  # bit-identical replicas after the live clip
         info = run.info()
         assert info.status == "stopped" and info.exit_code == 0 and info.world_size == 2
+        assert info.step >= stop.step  # the run's step, wherever rank 0 ran
         with run.store() as s:
             assert s.last_step(0) >= stop.step and s.last_step(1) >= stop.step
             losses = {rank: s.series("loss", rank=rank)[1] for rank in (0, 1)}
