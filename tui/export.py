@@ -9,6 +9,10 @@
   entry of the command journal (``{"command": name, ...}``), each after its step's row.
 - ``tensorboard``: event files written by the tensorboard package's own writer
   (``export_tb``).
+- the host and GPU readings, taken once a second by time rather than by step
+  (``--samples``): in CSV instead of the steps, one row per reading (``wall, rank``, one
+  column per name); in JSON lines as ``{"sample": wall, "rank": r, name: value...}`` in
+  time order among the steps; in TensorBoard always, each at the newest step before it.
 
 Streaming: rows are read one window of steps at a time (``RowReader.rows``) and written
 as they come, so memory does not grow with the run's length; a run still training is
@@ -54,17 +58,24 @@ def cmd_export(args: argparse.Namespace, window: int = WINDOW) -> int:
         progress = Progress(run.path.name, last)
         rows = progress.follow(reader.rows(columns, window=window, last_step=last))
         events = reader.events() if args.events or args.format == "tensorboard" else []
+        samples = sample_rows(reader) if args.samples or args.format == "tensorboard" else []
         if args.format == "tensorboard":
             out = Path(args.output) if args.output else Path("tb") / run.path.name
-            export_tb.write(out, columns, rows, events)
+            export_tb.write(out, columns, rows, events, samples)
         else:
             with _destination(args.output) as stream:
-                if args.format == "csv":
+                if args.format == "csv" and args.samples:
+                    write_samples_csv(stream, samples)
+                elif args.format == "csv":
                     write_csv(stream, columns, rows)
                 else:
-                    write_jsonl(stream, columns, rows, events)
+                    write_jsonl(stream, columns, rows, events, samples)
             out = args.output if args.output and args.output != "-" else "stdout"
-        progress.done(f"wrote {out}: {progress.count:,} steps, {len(columns)} series")
+        if args.format == "csv" and args.samples:
+            progress.done(f"wrote {out}: {len(samples):,} readings of {len({n for _, _, v in samples for n in v})} series")
+        else:
+            progress.done(f"wrote {out}: {progress.count:,} steps, {len(columns)} series"
+                          + (f", {len(samples):,} readings" if samples else ""))
         if reader.damage is not None:
             print(f"ptdash: warning: {reader.damage}; exported what was read before it", file=sys.stderr)
             return 1
@@ -80,20 +91,50 @@ def write_csv(stream, columns: list[Column], rows) -> None:
         out.writerow((step, wall, *values))
 
 
-def write_jsonl(stream, columns: list[Column], rows, events: list[Event]) -> None:
-    """The JSON-lines export: one object per step, each event after its step's row."""
+def sample_rows(reader) -> list[tuple[int, float, dict]]:
+    """Every reading taken by time: ``(rank, wall, {name: value})`` in time order."""
+    by_time: dict[tuple[float, int], dict] = {}
+    for rank in reader.ranks() or [0]:
+        for name in reader.sampled_names(rank):
+            for wall, value in zip(*reader.sampled(name, rank)):
+                if value is not None:
+                    by_time.setdefault((wall, rank), {})[name] = value
+    return [(rank, wall, values) for (wall, rank), values in sorted(by_time.items())]
+
+
+def write_samples_csv(stream, samples: list[tuple[int, float, dict]]) -> None:
+    """The CSV export of the readings: ``wall, rank``, then one column per name."""
+    names = sorted({name for _, _, values in samples for name in values})
+    out = csv.writer(stream, lineterminator="\n")
+    out.writerow(["wall", "rank", *names])
+    for rank, wall, values in samples:
+        out.writerow((wall, rank, *(values.get(n, "") for n in names)))
+
+
+def sample_line(rank: int, wall: float, values: dict) -> str:
+    return json.dumps({"sample": wall, "rank": rank, **values}, allow_nan=False) + "\n"
+
+
+def write_jsonl(stream, columns: list[Column], rows, events: list[Event], samples=()) -> None:
+    """The JSON-lines export: one object per step, each event after its step's row, each
+    reading (``samples``) before the first step that ended after it."""
     labels = [c.label for c in columns]
     pending = sorted(events, key=lambda e: (e.step if e.step is not None else -1, e.id))
-    at = 0
+    at = taken = 0
     for step, wall, values in rows:
         while at < len(pending) and (pending[at].step or 0) < step:
             stream.write(event_line(pending[at]))
             at += 1
+        while taken < len(samples) and wall is not None and samples[taken][1] <= wall:
+            stream.write(sample_line(*samples[taken]))
+            taken += 1
         row = {"step": step, "wall": wall}
         row.update((k, v) for k, v in zip(labels, values) if v is not None)
         stream.write(json.dumps(row, allow_nan=False) + "\n")
     for event in pending[at:]:
         stream.write(event_line(event))
+    for sample in samples[taken:]:
+        stream.write(sample_line(*sample))
 
 
 def event_line(event: Event) -> str:

@@ -7,7 +7,9 @@ wall time. TensorBoard keeps a scalar as a 32-bit float, which holds a float32 l
 exactly. Under DDP each rank gets a subdirectory (``rank0/``, ``rank1/``...), which
 TensorBoard shows as runs to overlay; a run of one rank writes straight into the
 directory. The run's events (and its command journal) are text summaries under the tag
-``events``.
+``events``. The host and GPU readings, taken by time, are scalars under their own names
+(``host/rss_bytes``, ``gpu0/...``), each at the newest step that ended before it, with
+its own wall time.
 
 The tensorboard package is an optional extra, imported only here and only when an
 export asks for it; it never loads torch (``torch.utils.tensorboard`` would).
@@ -35,8 +37,9 @@ def check_installed() -> None:
         raise CliError(HINT, 1) from None
 
 
-def write(out: Path, columns: list[Column], rows, events: list[Event]) -> None:
-    """Write ``rows`` (``RowReader.rows`` of ``columns``) and ``events`` as event files under ``out``."""
+def write(out: Path, columns: list[Column], rows, events: list[Event], samples=()) -> None:
+    """Write ``rows`` (``RowReader.rows`` of ``columns``), ``events`` and ``samples``
+    (``(rank, wall, {name: value})`` in time order) as event files under ``out``."""
     from tensorboard.compat.proto.event_pb2 import Event as TbEvent
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.text.summary_v2 import text_pb
@@ -45,17 +48,30 @@ def write(out: Path, columns: list[Column], rows, events: list[Event]) -> None:
     if out.is_dir() and any(out.rglob("events.out.tfevents.*")):
         raise CliError(f"{out} already holds TensorBoard event files (TensorBoard would mix them): "
                        "remove it or name another with -o", 2)
-    ranks = sorted({c.rank for c in columns} | {e.rank for e in events}) or [0]
+    ranks = sorted({c.rank for c in columns} | {e.rank for e in events} | {r for r, _, _ in samples}) or [0]
     dirs = {rank: out if len(ranks) == 1 else out / f"rank{rank}" for rank in ranks}
     writers = {rank: EventFileWriter(str(path)) for rank, path in dirs.items()}
     tags = [(c.rank, c.series if c.field is None else f"layer/{c.series}/{c.field}") for c in columns]
     pending = sorted(events, key=lambda e: (e.step if e.step is not None else -1, e.id))
-    at = 0
+    at = taken = 0
+    last_step = 0
+
+    def readings_until(wall: float | None) -> None:
+        nonlocal taken
+        while taken < len(samples) and (wall is None or samples[taken][1] <= wall):
+            rank, when, values = samples[taken]
+            found = [Summary.Value(tag=name, simple_value=value) for name, value in sorted(values.items())]
+            writers[rank].add_event(TbEvent(step=last_step, wall_time=when, summary=Summary(value=found)))
+            taken += 1
+
     try:
         for step, wall, values in rows:
             while at < len(pending) and (pending[at].step or 0) <= step:
                 _text(writers, pending[at], TbEvent, text_pb)
                 at += 1
+            if wall is not None:
+                readings_until(wall)
+            last_step = step
             by_rank: dict[int, list] = {}
             for (rank, tag), value in zip(tags, values):
                 if value is not None:
@@ -64,6 +80,7 @@ def write(out: Path, columns: list[Column], rows, events: list[Event]) -> None:
                 writers[rank].add_event(TbEvent(step=step, wall_time=wall or 0.0, summary=Summary(value=found)))
         for event in pending[at:]:
             _text(writers, event, TbEvent, text_pb)
+        readings_until(None)
     finally:
         for writer in writers.values():
             writer.close()

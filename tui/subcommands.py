@@ -122,6 +122,10 @@ def _export() -> Parser:
     p.add_argument("--layers", action="store_true",
                    help="also each parameter's gradient norm and update ratio (layer/<name>/... series)")
     p.add_argument("--events", action="store_true", help="jsonl: also the events and the command journal")
+    p.add_argument("--samples", action="store_true",
+                   help="the host and GPU readings (taken once a second, by time): csv writes them instead of "
+                        "the steps (wall, rank, one column each); jsonl adds them in time order among the steps "
+                        "({\"sample\": wall, ...}); tensorboard always has them")
     return p
 
 

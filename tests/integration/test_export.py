@@ -121,3 +121,44 @@ def test_the_tensorboard_export_never_loads_torch(real_run):
             "print(code, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, env=ENV, timeout=120)
     assert out.stdout.split() == ["0", "False"], out.stdout + out.stderr
+
+
+def test_the_readings_by_time_export_to_csv_jsonl_and_tensorboard(tmp_path):
+    from ptdash.shared.reader import StoreReader
+    from ptdash.shared.store import STORE_NAME
+    from support.recorded_run import make_run
+
+    run_dir = make_run(tmp_path, steps=120, status="finished", exit_code=0)
+    with StoreReader(run_dir / STORE_NAME) as store:
+        names = store.sampled_names()
+        stored = {name: store.sampled(name) for name in names}
+    walls = stored["host/rss_bytes"][0]
+    assert len(walls) >= 5 and "host/cpu_pct" in names
+
+    result = ptdash("export", str(run_dir), "--format", "csv", "--samples", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(result.stdout.splitlines()))
+    assert [float(r["wall"]) for r in rows] == walls and {r["rank"] for r in rows} == {"0"}
+    for name in names:
+        assert [float(r[name]) for r in rows] == stored[name][1]
+
+    lines = [json.loads(x) for x in ptdash("export", str(run_dir), "--format", "jsonl", "--samples",
+                                           cwd=tmp_path).stdout.splitlines()]
+    readings = [x for x in lines if "sample" in x]
+    assert [x["sample"] for x in readings] == walls
+    assert [x["host/rss_bytes"] for x in readings] == stored["host/rss_bytes"][1]
+    order = [x["sample"] if "sample" in x else x["wall"] for x in lines]
+    assert order == sorted(order)  # each reading among the steps, in time order
+    assert len([x for x in lines if "step" in x]) == 120
+
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert ptdash("export", str(run_dir), "--format", "tensorboard", "-o", "tb", cwd=tmp_path).returncode == 0
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    rss = acc.Scalars("host/rss_bytes")
+    assert [e.wall_time for e in rss] == pytest.approx(walls)
+    assert [e.value for e in rss] == pytest.approx(stored["host/rss_bytes"][1], rel=1e-6)
+    steps = [e.step for e in rss]
+    assert steps == sorted(steps) and steps[-1] <= 120
