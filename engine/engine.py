@@ -32,7 +32,7 @@ from .anomalies import Anomalies
 from .checkpoint import Checkpointer
 from .controls import Controls, Settings
 from .discovery import Discovery, find_models, model_names, param_names
-from .distributed import Distributed
+from .distributed import Distributed, env_rank
 from .doctor import Doctor
 from .flusher import Flusher, LayerNaming
 from .hooks import Hooks
@@ -71,7 +71,7 @@ class Engine:
         self.config = config
         self.pid = os.getpid()
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else None
-        self.primary = Distributed().rank == 0 if hub is None else hub
+        self.primary = env_rank()[0] == 0 if hub is None else hub
         self.info = rundir.read_info(self.run_dir) if self.run_dir is not None else None
         token = rundir.read_token(self.run_dir) if self.run_dir is not None else ""
         self.hub = (Hub(link.socket_path(self.info.socket), token, self._take_commands, self._queued_commands,
