@@ -19,7 +19,7 @@ import time
 
 from ptdash.shared import protocol, rundir
 from ptdash.shared.client import Client
-from ptdash.shared.protocol import COMMANDS, Ack, Command, Refused, Status
+from ptdash.shared.protocol import COMMANDS, Ack, Command, Refused, Status, TransportError
 from ptdash.shared.reader import StoreReader
 from support.runner import SCRIPTS, Run, wait_for
 
@@ -165,6 +165,16 @@ class Fuzz:
             pass
 
 
+def _connected(path: str, token: str) -> Client | None:
+    client = Client(path, token, name="check")
+    try:
+        client.connect()
+    except TransportError as exc:
+        assert "too many connections" in str(exc), exc
+        return None
+    return client
+
+
 def test_a_fuzzed_socket_leaves_the_run_and_its_store_untouched(tmp_path):
     run = Run(tmp_path, SCRIPTS / "steady.py", "--sleep", "0.01")
     idle = []
@@ -181,20 +191,8 @@ def test_a_fuzzed_socket_leaves_the_run_and_its_store_untouched(tmp_path):
         threads = [threading.Thread(target=fuzz.worker, args=(fuzz.cases[i::WORKERS],)) for i in range(WORKERS)]
         for t in threads:
             t.start()
-        # Meanwhile a burst of connections beyond the cap: refused with a reason, never served.
-        burst = []
-        for _ in range(40):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(fuzz.path)
-            except OSError:
-                sock.close()
-                continue
-            burst.append(sock)
         for t in threads:
             t.join()
-        for sock in burst + idle:
-            sock.close()
         print(f"fuzz: {fuzz.ran} of {CASES} cases; read {len(fuzz.acks)} acks, {len(fuzz.refusals)} refusals")
         assert fuzz.ran > 0
         assert fuzz.acks and not [a for a in fuzz.acks if a.ok]  # every command refused, none applied
@@ -202,10 +200,28 @@ def test_a_fuzzed_socket_leaves_the_run_and_its_store_untouched(tmp_path):
         assert any("value is NaN, not a finite number" in r for r in fuzz.refusals)
         assert any("characters), not a finite number within 64 bits" in r for r in fuzz.refusals)
 
+        # Then a burst of connections past the cap (after the cases, so that none of them is
+        # refused for it): those beyond the cap are refused with the reason, never served.
+        burst = []
+        for _ in range(40):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(fuzz.path)
+            burst.append(sock)
+        capped = 0
+        for sock in burst:
+            sock.settimeout(0.5)
+            try:
+                capped += b"too many connections" in sock.recv(1 << 16)
+            except OSError:
+                pass  # served: it would wait for a hello, so nothing comes
+        assert capped > 0
+        for sock in burst + idle:
+            sock.close()
+
         # The run went on and its settings are as they were.
         run.wait_step(before + 20)
-        client = Client(run.info().socket, fuzz.token, name="check")
-        client.connect()
+        client = wait_for(lambda: _connected(run.info().socket, fuzz.token), 60,
+                          what="the server to let the closed connections go")
         status = next(m for m in iter(lambda: client.recv(10), None) if isinstance(m, Status))
         client.close()
         assert (status.state, status.clip, status.lr_scale, status.paused_at) == ("running", None, 1.0, None)
