@@ -52,6 +52,9 @@ from .shared.transport import Server
 
 log = logging.getLogger("ptdash.engine")
 
+RANKS_GONE_SECONDS = 10.0
+"""How long the hub's end waits for the other ranks' last flushes."""
+
 ENGINE: Engine | None = None
 """The engine of this process, for the public API in ``ptdash/__init__.py``."""
 
@@ -266,6 +269,10 @@ class Engine:
         if not self.primary:
             dist.close()
         else:
+            # The other ranks end at the same step: their last flushes come as they close.
+            if not self.hub.wait_ranks_gone(RANKS_GONE_SECONDS):
+                log.warning("ranks still connected %.0f s after the end; their last rows may be missing",
+                            RANKS_GONE_SECONDS)
             self.flusher.flush(None)  # what other ranks sent meanwhile
             self.hub.stop()
             self.server.stop()

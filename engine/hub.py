@@ -254,6 +254,18 @@ class Hub:
                 self._release_if_complete()
             self._cond.notify_all()
 
+    def wait_ranks_gone(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until every rank in another process has closed its
+        link: its last flush is then in. False if some are still connected."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while any(not info.local and info.connections > 0 for info in self.ranks.values()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
     def rank_pids(self) -> dict[int, int]:
         """Rank -> pid, as the kernel named them (this process's own pid for a rank in it)."""
         with self._cond:

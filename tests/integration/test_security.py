@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from ptdash.link import socket_path
 from ptdash.shared import private, protocol, rundir, transport
 from ptdash.shared.client import Client
 from ptdash.shared.private import check_private_dir, filesystem_type, private_dir
@@ -153,7 +154,11 @@ def test_the_engine_listens_only_on_its_private_unix_socket(run):
         if int(fields[6]) in inodes:
             unix[int(fields[6])] = fields[7] if len(fields) > 7 else ""
     named = {p for p in unix.values() if p}
-    assert named == {str(sock_path)}, unix  # the rest are unnamed (its wake-up pair)
+    # The dashboards' socket and the hub's rank socket (for ranks in other processes), both
+    # 0600 in the private directory; the rest are unnamed (the server's wake-up pair).
+    ranks_path = socket_path(sock_path)
+    assert named == {str(sock_path), str(ranks_path)}, unix
+    assert stat.S_IMODE(os.lstat(ranks_path).st_mode) == 0o600 and ranks_path.parent == sock_path.parent
     assert not any(p.startswith("@") for p in unix.values())  # no abstract socket
 
 
