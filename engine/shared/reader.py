@@ -19,8 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .decimate import StreamDecimator, merge_point
-from .protocol import Event, LayerNames, Layers, ProtocolError, Schedule, from_dict
+from .protocol import Event, LayerNames, Layers, ProtocolError, Schedule
 from .store import LEVELS, StoreError
+from .wire import from_dict
 
 log = logging.getLogger("ptdash.shared.reader")
 
