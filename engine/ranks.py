@@ -16,7 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from .shared.protocol import Event, LayerNames, Layers, Message, Metrics, Samples, Schedule, from_dict
+from .shared.protocol import Event, LayerNames, Layers, Message, Metrics, Samples, Schedule
+from .shared.wire import from_dict
 
 log = logging.getLogger("ptdash.ranks")
 

@@ -1,4 +1,7 @@
-"""The dashboard app: routes the source's deliveries into RunState, keys into commands.
+"""The dashboard app: its layout and bindings, and the source's deliveries routed into RunState.
+
+The keys that send commands, and their dialogs, are ``commands.CommandActions``, which the
+app inherits.
 
 Build it with ``make_app(source)``; the CLI, tests and the screenshot script all do.
 ``app.run()`` returns what the user chose:
@@ -18,13 +21,12 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from ptdash.shared.limits import BOUNDS
-from ptdash.shared.protocol import ENDED, Ack, Command, Event, LayerNames, Layers, Metrics, Samples, Schedule, Status
+from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Samples, Schedule, Status
 
+from .commands import CommandActions
 from .compare import Comparison
-from .fmt import command_text, fmt_typed
 from .messages import SourceUpdate
-from .source import Backfill, Connection, History, InfoChanged, LogLines, Source, new_command_id
+from .source import Backfill, Connection, History, InfoChanged, LogLines, Source
 from .state import EventLine, RunState
 from .tabs import doctor, overview, profiler, ranks, system
 from .view import ChartView
@@ -35,20 +37,14 @@ from .widgets.layers_view import LayersView
 from .widgets.log_pane import LogPane
 from .widgets.oom_screen import OomScreen
 from .widgets.overview import CHART_BINDINGS, Overview
-from .widgets.quit_dialog import QuitDialog
 from .widgets.ranks_view import RanksView
 from .widgets.report_view import ReportView
-from .widgets.stop_dialog import StopDialog
-from .widgets.value_dialog import ValueDialog
-
-CONTROL_ACTIONS = frozenset({"pause", "resume", "checkpoint", "clip", "lr_factor", "profile", "stop"})
-"""Actions that send a command, and so need a live, connected engine."""
 
 HISTORY_EVENTS = 200
 """Newest stored events shown in the events pane on attach."""
 
 
-class DashboardApp(App[str]):
+class DashboardApp(CommandActions, App[str]):
     """Live dashboard of one run. Use ``make_app`` to build it."""
 
     CSS_PATH = "app.tcss"
@@ -207,13 +203,6 @@ class DashboardApp(App[str]):
             self.notify(f"{event.message}. Space resumes.", title="Paused by an anomaly", severity="error",
                         timeout=15)
 
-    def _apply_ack(self, ack: Ack) -> EventLine:
-        text = self._sent.pop(ack.id, None) or command_text(ack.name, None)
-        line = self.state.add_ack(ack, text)
-        if not ack.ok:
-            self.notify(line.text, severity="error")
-        return line
-
     def _schedule_redraw(self) -> None:
         """Redraw at most ``redraw_hz`` times a second, and only when something arrived."""
         if self._redraw_timer is not None:
@@ -263,61 +252,6 @@ class DashboardApp(App[str]):
             tabs = self.query_one(TabbedContent)
             (tabs.show_tab if multi else tabs.hide_tab)("ranks")
 
-    # ------------------------------------------------------------------- commands
-
-    @property
-    def run_ended(self) -> bool:
-        return self.state.ended
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Hide control keys on a read-only or ended run, ``t`` with nothing compared, grey
-        them out while not connected; chart keys work on the Overview, and only when they
-        would change something."""
-        if action in ("chart", "wide_events"):
-            on_overview = self.is_mounted and self.query_one(TabbedContent).active == "overview"
-            if not on_overview or overview.extent(self.state) is None:
-                return False
-            # Compared runs are drawn whole, by step or by time: the view does not apply.
-            return action == "wide_events" or not self.comparison.active and self.view.can(str(parameters[0]))
-        if action not in CONTROL_ACTIONS:
-            return self.comparison.active or action != "toggle_time"
-        if not self.source.live or self.run_ended:
-            return False
-        state = self.state.status.state if self.state.status is not None else "starting"
-        paused = state in ("paused", "pausing")
-        if (action == "pause" and paused) or (action == "resume" and not paused):
-            return False
-        if not self.source.can_control or state == "stopping":
-            return None
-        return True
-
-    def send(self, name: str, value: float | None = None, typed: str | None = None) -> None:
-        """Send a command and note it in the events pane (its value as ``typed``); its ack will follow there."""
-        command = Command(id=new_command_id(), name=name, value=value)
-        text = command_text(name, value, typed)
-        if self.source.can_control:
-            self._sent[command.id] = text
-            self.source.send(command)
-            line = self.state.note_sent(command.id, f"{text} sent")
-        else:  # the engine went away while a dialog was open
-            line = self.state.note_sent(None, f"{text} not sent: the engine is not connected", "error")
-        self.query_one(EventsPane).add([line])
-
-    def action_pause(self) -> None:
-        self.send("pause")
-
-    def action_resume(self) -> None:
-        self.send("resume")
-
-    def action_checkpoint(self) -> None:
-        self.send("checkpoint")
-
-    def action_profile(self) -> None:
-        self.state.profile_pending = f"profiling the next {self.profile_steps} steps…"
-        self.state.profile_note = None
-        self.send("profile", self.profile_steps)
-        self.query_one("#profiler-view", ReportView).refresh_report(self.state)
-
     def action_toggle_time(self) -> None:
         self.comparison.toggle_time()
         self._schedule_redraw()
@@ -343,47 +277,6 @@ class DashboardApp(App[str]):
 
     def action_wide_events(self) -> None:
         self.query_one(Overview).toggle_wide_events()
-
-    def action_clip(self) -> None:
-        status = self.state.status
-        clip = status.clip if status is not None else None
-        # With no override, a big change is judged against the script's own clip norm.
-        script = self.state.series.get("grad/clip_max")
-        dialog = ValueDialog(
-            "Gradient clip norm", "clip",
-            f"Largest total grad norm from the next step on ({BOUNDS['clip'].text}); \"off\" gives "
-            "clipping back to the script.",
-            current=fmt_typed(clip) if clip is not None else "",
-            reference=clip if clip is not None else script.latest() if script is not None else None)
-        self.push_screen(dialog, lambda v: v is not None and self.send("clip", v.value, v.text))
-
-    def action_lr_factor(self) -> None:
-        status = self.state.status
-        scale = status.lr_scale if status is not None else 1.0
-        dialog = ValueDialog(
-            "LR factor", "lr_scale",
-            "Multiplies every param group's scheduled LR from the next step (1 = as scheduled; "
-            f"{BOUNDS['lr_scale'].text}).",
-            current=fmt_typed(scale), reference=scale)
-        self.push_screen(dialog, lambda v: v is not None and self.send("lr_scale", v.value, v.text))
-
-    def action_stop(self) -> None:
-        self.push_screen(StopDialog(), lambda choice: choice is not None and self.send(choice))
-
-    async def action_quit(self) -> None:
-        if not self.source.live or self.run_ended:
-            self.exit("closed")
-        elif not self.source.can_control:
-            self.exit("detach")  # not reachable now, so it cannot be stopped from here
-        else:
-            self.push_screen(QuitDialog(), self._quit_chosen)
-
-    def _quit_chosen(self, choice: str | None) -> None:
-        if choice == "stop":
-            self.send("stop")
-            self.exit("stop")
-        elif choice == "detach":
-            self.exit("detach")
 
     def action_help(self) -> None:
         rows = key_rows(self.BINDINGS, self.check_action)

@@ -4,11 +4,12 @@ Standard library only: the terminal side imports this package and nothing else o
 training side, so it never pulls in torch. What lives here is everything both halves
 must agree on:
 
-- ``protocol``: the messages on the control socket and their framing;
+- ``protocol`` / ``wire``: the messages on the control socket; their JSON encoding and framing;
 - ``limits``: the live settings' ranges and the one check of a command or a typed value;
 - ``config``: the run's typed configuration (``RunConfig``) and run.json (``RunInfo``);
-- ``store`` / ``reader`` / ``decimate``: the metrics store's writer, its reader, and the
-  min/max decimation both use;
+- ``store`` / ``reader`` / ``series_queries`` / ``rows`` / ``decimate``: the metrics store's
+  writer, its reader (plain reads; series decimated for a chart; rows streamed for exports
+  and summaries), and the min/max decimation writer and reader both use;
 - ``rundir`` / ``perms``: a run's directory and the per-user registry of runs; who may
   read a run (private, or shared with a group) and the modes every writer uses;
 - ``transport`` / ``client`` / ``private``: the Unix-socket server (engine), its client

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import protocol
+from . import wire
 from .protocol import Hello, Message, Refused, TransportError, Welcome
 
 
@@ -19,7 +19,7 @@ class Client:
         self.path = str(path)
         self._token = token
         self._name = name
-        self._reader = protocol.FrameReader()
+        self._reader = wire.FrameReader()
         self._pending: list[bytes] = []
         self._send_lock = threading.Lock()
         self.sock: socket.socket | None = None
@@ -69,7 +69,7 @@ class Client:
             raise TransportError("not connected")
         with self._send_lock:
             try:
-                self.sock.sendall(protocol.encode(msg))
+                self.sock.sendall(wire.encode(msg))
             except OSError as exc:
                 raise TransportError(f"connection to the engine lost: {exc.strerror or exc}") from None
 
@@ -88,7 +88,7 @@ class Client:
             if not data:
                 raise TransportError("the engine closed the connection")
             self._pending.extend(self._reader.feed(data))
-        return protocol.decode(self._pending.pop(0))
+        return wire.decode(self._pending.pop(0))
 
     def close(self) -> None:
         if self.sock is not None:

@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from .protocol import LayerNames, Layers
-from .reader import StoreReader, _number
+from .reader import StoreReader
+from .series_queries import _number
 from .store import LEVELS
 
 WINDOW = 4096

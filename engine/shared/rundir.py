@@ -142,17 +142,7 @@ def unregister(run_id: str) -> None:
 
 def registered() -> list[Path]:
     """Run dirs of registered runs whose run.json still exists."""
-    dirs = []
-    for entry in _registry().iterdir():
-        try:
-            path = Path(entry.read_text().strip())
-        except (OSError, UnicodeDecodeError):
-            continue
-        if path.is_absolute() and (path / RUN_JSON).exists():
-            dirs.append(path)
-        else:
-            entry.unlink(missing_ok=True)
-    return dirs
+    return _pointed_dirs(_registry().iterdir())
 
 
 # ------------------------------------------------------------------ a torchrun job's ranks
@@ -222,6 +212,12 @@ def recorded() -> list[Path]:
         entries = list(_all_runs().iterdir())
     except OSError:
         return []
+    return _pointed_dirs(entries)
+
+
+def _pointed_dirs(entries) -> list[Path]:
+    """The run dirs named by ``entries`` (files holding a run dir's path) whose run.json
+    still exists; an entry naming anything else is removed, an unreadable one skipped."""
     dirs = []
     for entry in entries:
         try:

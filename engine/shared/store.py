@@ -30,7 +30,8 @@ from pathlib import Path
 from . import perms
 from .decimate import merge_point
 from .numbers import json_safe
-from .protocol import Event, LayerNames, Layers, Schedule, to_dict
+from .protocol import Event, LayerNames, Layers, Schedule
+from .wire import to_dict
 
 log = logging.getLogger("ptdash.shared.store")
 

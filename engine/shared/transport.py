@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from . import protocol
+from . import wire
 from .private import check_private_dir, peer_uid
 from .protocol import Command, Hello, Layers, Message, Metrics, ProtocolError, Refused, Samples, Welcome
 from .throttle import Throttle
@@ -69,7 +69,7 @@ class _Client:
         self.sock = sock
         self.fd = sock.fileno()
         """The key in the server's table (a closed socket no longer knows its number)."""
-        self.reader = protocol.FrameReader(MAX_CLIENT_FRAME)
+        self.reader = wire.FrameReader(MAX_CLIENT_FRAME)
         self.out = bytearray()
         self.authed = False
         self.closing = False
@@ -163,7 +163,7 @@ class Server:
         to HARD_BUFFER for one client and TOTAL_BUFFER for all, which disconnect it.
         """
         try:
-            frame = protocol.encode(msg)
+            frame = wire.encode(msg)
         except ProtocolError as exc:  # only a frame above MAX_FRAME: a bug, never a reason to fail
             self._note(f"not sent: {exc}")
             return
@@ -177,7 +177,7 @@ class Server:
                     client.dropped += len(msg.rows) if is_metrics else 0
                     continue
                 if is_metrics and client.dropped:
-                    client.out += protocol.encode(replace(msg, dropped=msg.dropped + client.dropped))
+                    client.out += wire.encode(replace(msg, dropped=msg.dropped + client.dropped))
                     client.dropped = 0
                 else:
                     client.out += frame
@@ -290,7 +290,7 @@ class Server:
     def _refuse_now(self, sock: socket.socket, reason: str) -> None:
         try:
             sock.setblocking(False)
-            sock.send(protocol.encode(Refused(reason)))
+            sock.send(wire.encode(Refused(reason)))
         except OSError:
             pass
         sock.close()
@@ -298,7 +298,7 @@ class Server:
     def _refuse(self, client: _Client, reason: str) -> None:
         self._note(f"refused client {client.name}: {reason}")
         with self._lock:
-            client.out += protocol.encode(Refused(reason))
+            client.out += wire.encode(Refused(reason))
             client.closing = True
 
     def _read(self, client: _Client) -> None:
@@ -316,7 +316,7 @@ class Server:
         try:
             frames = client.reader.feed(data)
             for payload in frames:
-                self._handle(client, protocol.decode(payload))
+                self._handle(client, wire.decode(payload))
                 if client.closing:
                     return
         except ProtocolError as exc:
@@ -331,7 +331,7 @@ class Server:
             else:
                 client.authed = True
                 client.name = _printable(msg.client[:32])
-                frames = b"".join(protocol.encode(m) for m in [self._welcome, *self._on_connect()])
+                frames = b"".join(wire.encode(m) for m in [self._welcome, *self._on_connect()])
                 with self._lock:
                     client.out += frames
             return

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ptdash.link import socket_path
-from ptdash.shared import private, protocol, rundir, transport
+from ptdash.shared import private, protocol, rundir, transport, wire
 from ptdash.shared.client import Client
 from ptdash.shared.private import check_private_dir, filesystem_type, private_dir
 from ptdash.shared.protocol import Command, Hello, Status, TransportError, Welcome, encode
@@ -163,14 +163,16 @@ def test_the_engine_listens_only_on_its_private_unix_socket(run):
 
 
 def test_no_pickle_on_the_wire():
-    # The wire is protocol.py's JSON frames over transport.py's socket: neither even loads
-    # pickle (the dashboard's libraries may, for their own purposes).
-    code = "import sys, ptdash.shared.protocol, ptdash.shared.transport; print('pickle' in sys.modules)"
+    # The wire is protocol.py's messages in wire.py's JSON frames over transport.py's
+    # socket: none even loads pickle (the dashboard's libraries may, for their own purposes).
+    code = ("import sys, ptdash.shared.protocol, ptdash.shared.wire, ptdash.shared.transport; "
+            "print('pickle' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, check=True)
     assert out.stdout.split() == ["False"]
     import ptdash.tui.source
-    files = [Path(protocol.__file__), Path(transport.__file__), *Path(ptdash.tui.source.__file__).parent.glob("*.py")]
-    assert len(files) > 3  # the dashboard's source package, every module of it
+    files = [Path(protocol.__file__), Path(wire.__file__), Path(transport.__file__),
+             *Path(ptdash.tui.source.__file__).parent.glob("*.py")]
+    assert len(files) > 4  # the dashboard's source package, every module of it
     for path in files:
         text = path.read_text()
         assert "import pickle" not in text and "pickle." not in text, path

@@ -1,7 +1,7 @@
 """Import hygiene of the terminal side, checked in a fresh interpreter (harlequin style).
 
 Every tui module stays clear of torch; every module but the Textual front (the app, its
-messages and the widgets) also stays clear of Textual, so the sources, state, tabs and
+messages, its command keys and the widgets) also stays clear of Textual, so the sources, state, tabs and
 commands can be used by scripts and tested without an app. The modules are found by
 walking ``ptdash.tui``, so a new one is checked without being listed here.
 """
@@ -12,7 +12,7 @@ import sys
 
 import ptdash.tui
 
-TEXTUAL_FRONT = ("ptdash.tui.app", "ptdash.tui.messages", "ptdash.tui.widgets")
+TEXTUAL_FRONT = ("ptdash.tui.app", "ptdash.tui.commands", "ptdash.tui.messages", "ptdash.tui.widgets")
 """The modules (and the package) allowed to import Textual."""
 
 MODULES = ["ptdash.tui", *(m.name for m in pkgutil.walk_packages(ptdash.tui.__path__, prefix="ptdash.tui."))]
