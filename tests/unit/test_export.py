@@ -32,7 +32,8 @@ def synthetic_run(root, steps: int):
 
 
 def export_peak(run_dir, out) -> int:
-    args = argparse.Namespace(run=str(run_dir), format="csv", output=str(out), layers=False, events=False)
+    args = argparse.Namespace(run=str(run_dir), format="csv", output=str(out), layers=False, events=False,
+                              samples=False)
     tracemalloc.start()
     try:
         assert cmd_export(args, window=WINDOW) == 0
