@@ -37,6 +37,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from . import metrics, wrappers
+from .budget import Budget
 from .checkpoint import FirstForward
 from .discovery import find_models
 from .invisible import ModuleState, own, patch_warn
@@ -117,6 +118,14 @@ class Hooks:
         """Recent step duration (a moving average), for spacing the rank exchanges."""
         self.grad_device = "cpu"
         """Where the gradients live: off the CPU, non-finite checks wait for the flush."""
+        self.budget = Budget()
+        """How sparsely per-layer statistics are sampled (``budget.every``); the engine gives its own."""
+        self._own = 0.0
+        """ptdash's own time on the training thread since the last main record (budget.py)."""
+        self._extra = 0.0
+        """The part of ``_own`` spent sampling this step (norms, checks, ratios, doctor)."""
+        self._ratio_owed = False
+        """An update ratio fell due on a step that was not sampled: take it at the next one."""
         discovery.on_models.append(self._on_models)
 
     # ------------------------------------------------------------ attach / detach
@@ -223,6 +232,7 @@ class Hooks:
     # ---------------------------------------------------------------- step hooks
 
     def _pre_step(self, opt, args, kwargs):
+        t_in = _perf_counter()
         if self._resume is not None:
             self._resume, resume = None, self._resume
             resume()
@@ -234,7 +244,8 @@ class Hooks:
             self.boundary()
             if closure is not None and self.controls.has_work(self.step):
                 self.controls.at_save_point(self.step)
-            self._t_pre = _perf_counter()
+            # ptdash's own time counts from here: the boundary may have paused or saved.
+            self._t_pre = t_in = _perf_counter()
             self._in_step = True
         tracked.closure_losses = len(self._losses) if closure is not None else None
         result = None
@@ -248,6 +259,7 @@ class Hooks:
             self.grads_ready(tracked, True)
         if self.settings.lr_scale != 1.0:
             tracked.scale_lr(self.settings.lr_scale)
+        self._own += _perf_counter() - t_in
         return result
 
     def grads_ready(self, tracked: Tracked, measure: bool) -> None:
@@ -260,8 +272,24 @@ class Hooks:
                 params, _, total = tracked.measure()
                 metrics.clip_with_norm(params, override, total)
             return
+        t0 = _perf_counter()
+        step = self.step + 1
+        main = tracked.index == 0
+        every = self.update_ratio_every
         if note is not None and note[1] is not None:
             params, per_tensor, total, tracked.clip_max = note
+        elif note is None and override is None and step % self.budget.every:
+            # A step the budget does not sample (budget.py): no norms, and on CPU only the
+            # loss is checked before the update; the gradients are checked on sampled steps.
+            tracked.norms = None
+            if every and step % every == 0:
+                self._ratio_owed = True
+            if tracked.closure_losses is None:
+                for loss in self._losses:
+                    if loss.is_cpu and not _isfinite(loss.item()):
+                        self._unmetered(self.anomalies.before_update, opt, step, None, [])
+                        break
+            return
         else:
             params, per_tensor, total = tracked.measure()
             if note is not None:  # clip_grads_with_norm_: the script's total stays the pre-clip norm
@@ -270,11 +298,10 @@ class Hooks:
                 metrics.clip_with_norm(params, override, total)
                 tracked.clip_max = override
         tracked.norms = (per_tensor, total, params)
-        main = tracked.index == 0
         if main:
             self.layer_params = params
             if self.doctor.watching:
-                self.doctor.on_pre_step(opt, self.step + 1, params)
+                self.doctor.on_pre_step(opt, step, params)
         if total.is_cpu:
             # On CPU reading two scalars waits for nothing, so a non-finite gradient is caught
             # before the update. On CUDA it would be a sync per step: the flusher reports it
@@ -285,14 +312,22 @@ class Hooks:
                     if loss.is_cpu and not _isfinite(loss.item()):
                         finite = False
                 if not finite:
-                    self.anomalies.before_update(opt, self.step + 1, per_tensor, params)
+                    self._extra += _perf_counter() - t0
+                    self._unmetered(self.anomalies.before_update, opt, step, per_tensor, params)
                     return
         elif self.grad_device != total.device.type:
             self.grad_device = total.device.type
-        every = self.update_ratio_every
-        if main and every and (self.step + 1) % every == 0 and params:
+        if main and every and (step % every == 0 or self._ratio_owed) and params:
+            self._ratio_owed = False
             self._before_params = params
             self._before = torch._foreach_mul(metrics.ratio_samples(params), 1.0)
+        self._extra += _perf_counter() - t0
+
+    def _unmetered(self, fn, *args) -> None:
+        """Call ``fn`` (which may pause) without counting its time as ptdash's own."""
+        t0 = _perf_counter()
+        fn(*args)
+        self._own -= _perf_counter() - t0
 
     def _post_step(self, opt, args, kwargs) -> None:
         tracked = self._tracked.get(id(opt))
@@ -314,6 +349,7 @@ class Hooks:
         if tracked.index:
             self.recorder.add(StepRecord(self.step, time.time(), losses, total, None, None, clip_max, lrs, None,
                                          0, None, None, tracked.index))
+            self._own += _perf_counter() - now
             return
         self._end_step(opt, losses, total, per_tensor, params, clip_max, lrs, now)
 
@@ -323,17 +359,22 @@ class Hooks:
         step = self.step + 1
         ratios = None
         if self._before is not None:
+            t0 = _perf_counter()
             ratios = metrics.update_ratio(self._before, metrics.ratio_samples(self._before_params))
             self._before = self._before_params = None
+            self._extra += _perf_counter() - t0
         start = self._t_post if self._t_post is not None else now
         waits = self.loaders.take_waits() if self.loaders.timing else None
         if not self.discovery.models and not self._discovered:
             # Before the record: its layers are named after the models found here.
             self.discovery.set_models(find_models([opt]) if opt is not None else self.manual.models())
+        t_record = _perf_counter()
         self.recorder.add(StepRecord(
             step, time.time(), losses, total, per_tensor, params if per_tensor is not None else None, clip_max, lrs,
             (start, self._t_forward, self._t_pre, now, waits, self._inner), self._samples, ratios,
-            self.user_values.take() if self.user_values.pending else None, 0))
+            self.user_values.take() if self.user_values.pending else None, 0,
+            self._own + t_record - now, self._extra))
+        self._extra = 0.0
         step_s = now - start
         self.last_step_s = 0.9 * self.last_step_s + 0.1 * step_s if self.last_step_s else step_s
         doctor = self.doctor
@@ -355,6 +396,8 @@ class Hooks:
         self.loaders.timing = doctor.watching
         if want is not self._forward_on:
             self._set_forward_hook(want)
+        # What this step's end cost after its record is counted with the next step.
+        self._own = _perf_counter() - t_record
 
     # ---------------------------------------------------------- inferred steps
 
@@ -386,14 +429,16 @@ class Hooks:
     def _on_forward(self, module, args) -> None:
         if self._in_step or not torch.is_grad_enabled():
             return  # a closure's forward, or an evaluation pass
+        t_in = _perf_counter()
         if self._t_forward is None:
             self.began()
-            self._t_forward = _perf_counter()
+            self._t_forward = t_in
             self.loaders.mark_training()
         if args and isinstance(args[0], torch.Tensor):
             shape = args[0].shape
             if shape:
                 self._samples += shape[0]
+        self._own += _perf_counter() - t_in
         controls = self.controls
         if controls.has_work(self.step):
             controls.at_save_point(self.step)

@@ -58,6 +58,10 @@ class StepRecord(NamedTuple):
     """Values ``ptdash.log`` gave since the previous step, or None."""
     opt: int = 0
     """Which optimizer stepped: 0 the main one, k the k-th other (its series are opt<k>/...)."""
+    own: float = 0.0
+    """ptdash's own time on the training thread since the previous main record (s)."""
+    extra: float = 0.0
+    """The part of ``own`` that sampling the step cost: norms, checks, ratios, doctor (s)."""
 
 
 class UserValues:
@@ -93,7 +97,9 @@ class LayerRow:
 class Recorder:
     """The hand-off between the training thread and the flusher."""
 
-    def __init__(self) -> None:
+    def __init__(self, observe=None) -> None:
+        self._observe = observe
+        """Shown every drained record (budget.Budget.observe), on the flusher thread."""
         self._pending: collections.deque[tuple] = collections.deque()
         self.add = self._pending.append
         """Called on the training thread with a StepRecord: a deque's own append, so it
@@ -117,6 +123,8 @@ class Recorder:
             records.append(pending.popleft())
         if not records:
             return [], []
+        if self._observe is not None:
+            self._observe(records)
         # Each record's device scalars, in a fixed order: [loss], [total], then tensor LRs and user values.
         scalars: list[torch.Tensor] = []
         for r in records:
@@ -130,7 +138,7 @@ class Recorder:
         host = iter(_to_host(scalars))
         rows, keep = [], []
         for record in records:
-            step, wall, losses, total, layers, _, clip_max, lrs, times, samples, ratios, user, opt = record
+            step, wall, losses, total, layers, _, clip_max, lrs, times, samples, ratios, user, opt, _, _ = record
             # The main optimizer's series keep their plain names; the k-th other one's are opt<k>/...
             prefix = f"opt{opt}/" if opt else ""
             values: dict[str, float | None] = {}
