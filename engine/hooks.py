@@ -55,6 +55,12 @@ MAX_LOSSES = 64
 """Loss references kept for one step; beyond this they are added up on the device."""
 
 
+def _held(lrs: list) -> list:
+    """A step's LRs as the record keeps them: a tensor LR (capturable optimizers) changes in
+    place, so this step's value is copied (on its device, no sync)."""
+    return [lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr) for lr in lrs]
+
+
 class Hooks:
     """Installs the hooks and keeps the per-step bookkeeping for one process.
 
@@ -126,6 +132,10 @@ class Hooks:
         """The part of ``_own`` spent sampling this step (norms, checks, ratios, doctor)."""
         self._ratio_owed = False
         """An update ratio fell due on a step that was not sampled: take it at the next one."""
+        self._lean = 0
+        """id() of the main optimizer when its next step may take the lean path (see ``_pre_step``)."""
+        self._in_lean = False
+        """Whether the step under way took the lean path."""
         discovery.on_models.append(self._on_models)
 
     # ------------------------------------------------------------ attach / detach
@@ -233,6 +243,18 @@ class Hooks:
 
     def _pre_step(self, opt, args, kwargs):
         t_in = _perf_counter()
+        if (self._lean == id(opt) and len(args) == 1 and not kwargs and not self.clip_notes.notes
+                and not self.controls.has_work(self.step)):
+            # The lean path: a step the budget does not sample, of the one optimizer, with no
+            # closure, no clip or LR override and nothing for the boundary to serve. Only the
+            # loss is checked before the update (on CPU); the step is recorded at its end.
+            self._in_step = self._at_boundary = self._in_lean = True
+            for loss in self._losses:
+                if loss.is_cpu and not _isfinite(loss.item()):
+                    self._unmetered(self.anomalies.before_update, opt, self.step + 1, None, [])
+                    break
+            self._own += _perf_counter() - t_in
+            return None
         if self._resume is not None:
             self._resume, resume = None, self._resume
             resume()
@@ -330,6 +352,15 @@ class Hooks:
         self._own -= _perf_counter() - t0
 
     def _post_step(self, opt, args, kwargs) -> None:
+        if self._in_lean:
+            now = _perf_counter()
+            self._in_lean = False
+            losses, self._losses = self._losses, []
+            lrs = list(map(_LR, opt.param_groups))
+            if set(map(type, lrs)) != _FLOAT:
+                lrs = _held(lrs)
+            self._end_step(opt, losses, None, None, None, None, lrs, now)
+            return
         tracked = self._tracked.get(id(opt))
         if tracked is None or tracked.ref() is not opt:
             return
@@ -342,8 +373,7 @@ class Hooks:
         if lrs is None:
             lrs = list(map(_LR, opt.param_groups))
         if set(map(type, lrs)) != _FLOAT:
-            # A tensor LR (capturable optimizers) changes in place: keep this step's value.
-            lrs = [lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr) for lr in lrs]
+            lrs = _held(lrs)
         per_tensor, total, params = tracked.norms if tracked.norms is not None else (None, None, None)
         clip_max, tracked.norms, tracked.clip_max = tracked.clip_max, None, None
         if tracked.index:
@@ -365,7 +395,7 @@ class Hooks:
             self._extra += _perf_counter() - t0
         start = self._t_post if self._t_post is not None else now
         waits = self.loaders.take_waits() if self.loaders.timing else None
-        if not self.discovery.models and not self._discovered:
+        if not self._discovered and not self.discovery.models:
             # Before the record: its layers are named after the models found here.
             self.discovery.set_models(find_models([opt]) if opt is not None else self.manual.models())
         t_record = _perf_counter()
@@ -381,9 +411,11 @@ class Hooks:
         if opt is not None and step >= doctor.post_from:
             doctor.on_post_step(opt, step)
         self.step = step
-        self.manual.backwards = 0
+        if self.main is None:
+            self.manual.backwards = 0
         self._in_step = self._at_boundary = False
-        self.clip_notes.clear()
+        if self.clip_notes.notes:
+            self.clip_notes.clear()
         self._t_post, self._t_forward, self._t_pre, self._inner, self._samples = now, None, None, 0.0, 0
         if not self._discovered:  # the first step of this process (a resumed run starts at N)
             self._discovered = True
@@ -396,6 +428,12 @@ class Hooks:
         self.loaders.timing = doctor.watching
         if want is not self._forward_on:
             self._set_forward_hook(want)
+        settings = self.settings
+        lean = (opt is not None and len(self._tracked) == 1 and (step + 1) % self.budget.every != 0
+                and not doctor.watching and settings.clip is None and settings.lr_scale == 1.0)
+        self._lean = id(opt) if lean else 0
+        if lean and self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
+            self._ratio_owed = True  # taken at the next sampled step
         # What this step's end cost after its record is counted with the next step.
         self._own = _perf_counter() - t_record
 
