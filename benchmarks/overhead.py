@@ -44,7 +44,7 @@ it also sees costs paid every 20th step, which a median does not. Each variant's
 the median over blocks; overheads and ratios are paired per round (against the same
 round's ``plain`` block), medians over rounds, with their interquartile range.
 
-Last, the variants (``naive`` left out) take turns ``--pairs`` times in short runs of
+Last, the variants (the anchors left out) take turns ``--pairs`` times in short runs of
 ``--pair-steps`` steps, each after one untimed step (switching re-patches torch's
 classes, which a real run does once), timed by the training thread's own CPU clock:
 neighbouring steps see the same machine, so the paired difference is the hooks' cost on
@@ -367,9 +367,13 @@ class HookClock:
             setattr(wrappers, name, lambda owner, original, factory=factory:
                     self._clocked(factory(owner, self._clocked(original, -1)), +1))
 
-    def close(self) -> None:
+    def close(self, hooks=None) -> None:
+        """Stop clocking from the next attach on (``hooks``: also its step hooks)."""
         for name, factory in self._factories.items():
             setattr(self._wrappers, name, factory)
+        for name in ("_pre_step", "_post_step", "_on_forward"):
+            if hooks is not None and name in vars(hooks):
+                delattr(hooks, name)  # the class's own method again
 
     def _clocked(self, fn, sign: int):
         """``fn`` with its time added to (+1) or taken from (-1, torch's own part) the clock."""
@@ -520,8 +524,9 @@ def measure(name: str, steps: int, rounds: int, warmup: int, pairs: int, pair_st
                 instrument(engine, False)
             result.norm_isolated.append(time_norm_isolated([p.grad for p in w.params if p.grad is not None]))
             load.append(os.getloadavg()[0])
+        # The paired runs time the hooks without the clock's wrappers (a microsecond or two each).
+        clock.close(engine.hooks)
         time_pairs(engine, w, pairs, pair_steps, result, clock)
-        clock.close()
         w.close()
         result.steps_recorded = engine.hooks.step
         result.every = engine.budget.every

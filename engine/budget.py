@@ -99,6 +99,8 @@ class Budget:
         self._read_at = time.monotonic()
         self.last: dict[str, float | None] = {}
         """The latest reading (see ``reading``)."""
+        self.on_change: list = []
+        """Called (flusher thread, no arguments) after ``every`` changed."""
 
     @property
     def doctor_every(self) -> int:
@@ -134,6 +136,8 @@ class Budget:
         if every == self.every:
             return None
         before, self.every = self.every, every
+        for listener in self.on_change:
+            listener()
         rate = "every step" if every == 1 else f"one step in {every}"
         return (f"sampling: per-layer gradient norms {rate} from step {self._last_step + 1}, doctor checks one "
                 f"step in {self.doctor_every} (was one in {before}): ptdash's own time "

@@ -124,8 +124,7 @@ class Hooks:
         """Recent step duration (a moving average), for spacing the rank exchanges."""
         self.grad_device = "cpu"
         """Where the gradients live: off the CPU, non-finite checks wait for the flush."""
-        self.budget = Budget()
-        """How sparsely per-layer statistics are sampled (``budget.every``); the engine gives its own."""
+        self._budget = Budget()
         self._own = 0.0
         """ptdash's own time on the training thread since the last main record (budget.py)."""
         self._extra = 0.0
@@ -137,6 +136,20 @@ class Hooks:
         self._in_lean = False
         """Whether the step under way took the lean path."""
         discovery.on_models.append(self._on_models)
+
+    @property
+    def budget(self) -> Budget:
+        """How sparsely per-layer statistics are sampled (``budget.every``); the engine gives its own."""
+        return self._budget
+
+    @budget.setter
+    def budget(self, budget: Budget) -> None:
+        self._budget = budget
+        budget.on_change.append(self._period_changed)
+
+    def _period_changed(self) -> None:
+        # A lean next step was decided under the old period: decide again at the step.
+        self._lean = 0
 
     # ------------------------------------------------------------ attach / detach
 
@@ -300,7 +313,7 @@ class Hooks:
         every = self.update_ratio_every
         if note is not None and note[1] is not None:
             params, per_tensor, total, tracked.clip_max = note
-        elif note is None and override is None and step % self.budget.every:
+        elif note is None and override is None and step % self._budget.every:
             # A step the budget does not sample (budget.py): no norms, and on CPU only the
             # loss is checked before the update; the gradients are checked on sampled steps.
             tracked.norms = None
@@ -359,7 +372,7 @@ class Hooks:
             lrs = list(map(_LR, opt.param_groups))
             if set(map(type, lrs)) != _FLOAT:
                 lrs = _held(lrs)
-            self._end_step(opt, losses, None, None, None, None, lrs, now)
+            self._end_lean(opt, losses, lrs, now)
             return
         tracked = self._tracked.get(id(opt))
         if tracked is None or tracked.ref() is not opt:
@@ -421,20 +434,54 @@ class Hooks:
             self._discovered = True
             self._discovered_cb(opt)
         self._step_end(step)
+        self._next_step(opt, step)
+        # What this step's end cost after its record is counted with the next step.
+        self._own = _perf_counter() - t_record
+
+    def _next_step(self, opt, step: int) -> None:
+        """Get the hooks ready for step ``step + 1``: the forward hook, and its path."""
         # The forward hook times the step's compute and serves checkpoints at the start of
         # a step: it is installed for the steps the doctor watches and when a save is due.
+        doctor = self.doctor
         pending = self.controls.pending
         want = doctor.watching or bool(pending.checkpoint) or pending.stop is not None
         self.loaders.timing = doctor.watching
         if want is not self._forward_on:
             self._set_forward_hook(want)
-        settings = self.settings
-        lean = (opt is not None and len(self._tracked) == 1 and (step + 1) % self.budget.every != 0
-                and not doctor.watching and settings.clip is None and settings.lr_scale == 1.0)
+        settings, every = self.settings, self._budget.every
+        lean = (opt is not None and len(self._tracked) == 1 and (step + 1) % every != 0
+                and not want and settings.clip is None and settings.lr_scale == 1.0)
         self._lean = id(opt) if lean else 0
-        if lean and self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
+        if every != self._budget.every:  # the flusher changed it meanwhile: decide at the step
+            self._lean = 0
+        if self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
             self._ratio_owed = True  # taken at the next sampled step
-        # What this step's end cost after its record is counted with the next step.
+
+    def _end_lean(self, opt, losses: list, lrs: list, now: float) -> None:
+        """``_end_step`` after the lean path: nothing was sampled, timed or served, so only
+        the record, the counters and the next step's path are left."""
+        step = self.step + 1
+        start = self._t_post
+        t_record = _perf_counter()
+        user = self.user_values
+        self.recorder.add(StepRecord(step, time.time(), losses, None, None, None, None, lrs,
+                                     (start, None, None, now, None, 0.0), 0, None,
+                                     user.take() if user.pending else None, 0, self._own + t_record - now, 0.0))
+        self.last_step_s = 0.9 * self.last_step_s + 0.1 * (now - start)
+        self.step = step
+        self._in_step = self._at_boundary = False
+        self._t_post = now
+        doctor = self.doctor
+        if step >= doctor.post_from:
+            doctor.on_post_step(opt, step)
+        self._step_end(step)
+        pending = self.controls.pending
+        every = self._budget.every
+        if (doctor.watching or pending.checkpoint or pending.stop is not None or not (step + 1) % every
+                or self.settings.clip is not None or self.settings.lr_scale != 1.0):
+            self._next_step(opt, step)
+        elif self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
+            self._ratio_owed = True
         self._own = _perf_counter() - t_record
 
     # ---------------------------------------------------------- inferred steps

@@ -95,7 +95,8 @@ def wrap_zero_grad(hooks, original):
             # be counted in the next step.
             if hooks._losses:
                 hooks._losses = []
-            hooks.clip_notes.clear()
+            if hooks.clip_notes.notes:
+                hooks.clip_notes.clear()
         if doctor.watching:
             doctor.on_zero_grad(opt)
         hooks._own += _perf_counter() - t_in
