@@ -48,8 +48,9 @@ Last, the variants (the anchors left out) take turns ``--pairs`` times in short 
 ``--pair-steps`` steps, each after one untimed step (switching re-patches torch's
 classes, which a real run does once), timed by the training thread's own CPU clock:
 neighbouring steps see the same machine, so the paired difference is the hooks' cost on
-the training thread, nearly free of other processes' noise. Added to the engine threads'
-CPU per recorded step (from the blocks), it gives the instrumentation's whole CPU cost.
+the training thread, nearly free of other processes' noise (without the wrappers that
+time the inside of the hooks in the blocks). Added to the engine threads' CPU per recorded
+step (from the blocks), it gives the instrumentation's whole CPU cost.
 
 Targets: on ``gpt`` ptdash costs at most 1%; on ``wide`` at most 3% (ptdash/plain <= 1.03),
 and the budget's own measure of ptdash's time (the hooks' ``own`` time of every step,

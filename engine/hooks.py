@@ -51,8 +51,6 @@ _LR = operator.itemgetter("lr")
 _perf_counter = time.perf_counter
 _isfinite = math.isfinite
 _FLOAT = {float}
-MAX_LOSSES = 64
-"""Loss references kept for one step; beyond this they are added up on the device."""
 
 
 def _held(lrs: list) -> list:
@@ -230,12 +228,6 @@ class Hooks:
             controls.at_save_point(self.step)
             controls.at_step_start(self.step)
 
-    def keep_loss(self, loss: torch.Tensor) -> None:
-        losses = self._losses
-        losses.append(loss)
-        if len(losses) > MAX_LOSSES:
-            self._losses = [metrics.fold(losses)]
-
     def _tracked_for(self, opt) -> Tracked:
         tracked = self._tracked.get(id(opt))
         if tracked is None or tracked.ref() is not opt:
@@ -265,6 +257,7 @@ class Hooks:
             for loss in self._losses:
                 if loss.is_cpu and not _isfinite(loss.item()):
                     self._unmetered(self.anomalies.before_update, opt, self.step + 1, None, [])
+                    self._lean = 0  # commands may have been applied in its pause
                     break
             self._own += _perf_counter() - t_in
             return None
@@ -477,8 +470,9 @@ class Hooks:
         self._step_end(step)
         pending = self.controls.pending
         every = self._budget.every
-        if (doctor.watching or pending.checkpoint or pending.stop is not None or not (step + 1) % every
-                or self.settings.clip is not None or self.settings.lr_scale != 1.0):
+        # Settings change only at a boundary the lean path did not take; a checkpoint can
+        # fall due in ``_step_end``, and the doctor may watch the next step.
+        if doctor.watching or pending.checkpoint or pending.stop is not None or not (step + 1) % every:
             self._next_step(opt, step)
         elif self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
             self._ratio_owed = True

@@ -113,7 +113,7 @@ class Recorder:
 
         Called on the flusher thread. Rows are ``[step, wall, {name: value}]`` with
         non-finite values as None. Per-layer rows are converted for the steps that use
-        them: the newest, those with update ratios or a non-finite loss or norm, and the
+        them: the newest that has them, those with update ratios or a non-finite loss or norm, and the
         steps in ``wanted``; the norms of the others were computed (the total needs them)
         but are dropped unread.
         """
@@ -168,8 +168,10 @@ class Recorder:
                 rows.append([step, wall, values])
             if layers is not None and (not finite or ratios is not None or step in wanted):
                 keep.append(record)
-        if records[-1].layers is not None and (not keep or keep[-1] is not records[-1]):
-            keep.append(records[-1])
+        # The newest step with per-layer norms (under the cost budget, the newest sampled one).
+        newest = next((r for r in reversed(records) if r.layers is not None), None)
+        if newest is not None and (not keep or keep[-1] is not newest):
+            keep.append(newest)
         return rows, _layer_rows(keep)
 
 

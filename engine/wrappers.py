@@ -24,6 +24,8 @@ from . import metrics
 from .invisible import own
 
 _perf_counter = time.perf_counter
+MAX_LOSSES = 64
+"""Loss references kept for one step; beyond this they are added up on the device."""
 
 
 def wrap_backward(hooks, original):
@@ -51,7 +53,10 @@ def wrap_backward(hooks, original):
                 ref, raw = hooks._unscaled.pop(id(loss), (None, None))
                 if ref is not None and ref() is loss:
                     loss = raw
-            hooks.keep_loss(loss.detach())
+            losses = hooks._losses
+            losses.append(loss.detach())
+            if len(losses) > MAX_LOSSES:  # beyond this they are added up on the device
+                hooks._losses = [metrics.fold(losses)]
         if doctor.watching:
             doctor.on_backward()
         hooks._own += _perf_counter() - t_in

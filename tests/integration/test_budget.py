@@ -11,6 +11,7 @@ not clip), the 'sampling' events and the budget's samples.
 
 from __future__ import annotations
 
+import json
 import re
 
 from support.runner import SCRIPTS, ptdash
@@ -57,6 +58,14 @@ def test_sampling_thins_when_steps_become_fast_and_recovers_when_they_slow(tmp_p
     assert events[0].data["every"] > 1 and "per-layer gradient norms one step in" in events[0].message
     assert events[-1].data["every"] == 1 and "every step" in events[-1].message
     assert max(periods) > 1 and shares and all(v >= 0 for v in shares)
+    # show --once says it too: the median share over the run, the budget, the periods at the end.
+    text = ptdash("show", "run", "--once", cwd=tmp_path).stdout
+    assert re.search(r"cost        ptdash: \d+\.\d% of step time \(budget 10%\), its threads \d+\.\d% of a core "
+                     r"\(median over the run\); per-layer norms and update ratios: every step; doctor checks", text), text
+    summary = json.loads(ptdash("show", "run", "--once", "--json", cwd=tmp_path).stdout)
+    cost = summary["cost"]
+    assert cost["budget_pct"] == 10.0 and cost["layers_every"] == 1 and cost["doctor_every"] == 16
+    assert cost["readings"] == len(shares) and cost["step_pct"] >= 0 and cost["threads_pct"] >= 0
 
 
 def test_a_nan_loss_on_an_unsampled_step_is_caught_before_its_update(tmp_path):

@@ -13,7 +13,9 @@ from support.runner import REPO, SCRIPTS, ptdash
 
 def test_basic_example_records_every_step_bit_identical(tmp_path):
     loss_file = tmp_path / "losses.txt"
-    result = ptdash("--headless", "--run-dir", "run", str(REPO / "examples" / "basic.py"),
+    # --overhead-budget 100: every statistic on every step, so every step has its norm
+    # (under the default budget a fast step's norms are sampled: tests/integration/test_budget.py).
+    result = ptdash("--headless", "--run-dir", "run", "--overhead-budget", "100", str(REPO / "examples" / "basic.py"),
                     "--steps", "120", "--loss-file", str(loss_file), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     expected = [float(line) for line in loss_file.read_text().split()]
