@@ -139,10 +139,12 @@ class Budget:
         for listener in self.on_change:
             listener()
         rate = "every step" if every == 1 else f"one step in {every}"
+        floor = (f"; what is kept every step costs {fixed * 1e6:.0f} us alone, above the budget"
+                 if fixed > self.share * step_s else "")
         return (f"sampling: per-layer gradient norms {rate} from step {self._last_step + 1}, doctor checks one "
                 f"step in {self.doctor_every} (was one in {before}): ptdash's own time "
                 f"{cost(fixed, extra, before) * 1e6:.0f} us of a {step_s * 1e3:.3g} ms step at the old rate, "
-                f"{cost(fixed, extra, every) * 1e6:.0f} us at the new; budget {self.percent:g}%")
+                f"{cost(fixed, extra, every) * 1e6:.0f} us at the new; budget {self.percent:g}%{floor}")
 
     def reading(self) -> dict[str, float | None]:
         """ptdash's cost since the previous reading, as samples (flusher thread, once a second).

@@ -82,3 +82,9 @@ def test_the_reading_is_ptdash_share_of_the_step_time():
     assert reading["ptdash/layers_every"] == 1 and reading["ptdash/budget_pct"] == 2.0
     assert reading["ptdash/threads_pct"] is not None
     assert budget.reading()["ptdash/step_pct"] is None  # no step since
+
+
+def test_the_dashboard_knows_the_sparsest_sampling():
+    from ptdash.tui.tabs.system import K_MAX as SHOWN
+
+    assert SHOWN == K_MAX

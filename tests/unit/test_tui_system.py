@@ -79,3 +79,11 @@ def test_ptdash_own_cost_and_what_it_samples():
     assert "per-layer norms and update ratios: every step" in text_of(system.report(every, 120), 120)
     # An engine that does not measure itself (an older run): no section at all.
     assert "ptdash:" not in text_of(system.report(state_with(**{"host/cpu_pct": 5.0}), 120), 120)
+
+
+def test_over_the_budget_at_the_sparsest_sampling_says_why():
+    state = state_with(**{"ptdash/step_pct": 2.5, "ptdash/budget_pct": 1.0, "ptdash/layers_every": 256.0})
+    text = text_of(system.report(state, 200), 200)
+    assert "over the budget at the sparsest sampling" in text
+    under = state_with(**{"ptdash/step_pct": 0.5, "ptdash/budget_pct": 1.0, "ptdash/layers_every": 256.0})
+    assert "over the budget" not in text_of(system.report(under, 200), 200)

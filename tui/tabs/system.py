@@ -25,6 +25,9 @@ STEP_WINDOW = 50
 
 LABEL = 12
 
+K_MAX = 256
+"""The engine's sparsest sampling (one step in this many; ptdash.budget.K_MAX, which this side cannot import)."""
+
 _GPU = re.compile(r"^gpu(\d+)/")
 
 STEP_PARTS = (
@@ -255,6 +258,10 @@ def cost(state: RunState) -> list[RenderableType]:
     sampled = sampling_line(every, latest(state, "ptdash/doctor_every"))
     if sampled:
         lines.append(_note(sampled, "yellow" if every and every > 1 else "dim"))
+    share, budget = latest(state, "ptdash/step_pct"), latest(state, "ptdash/budget_pct")
+    if share is not None and budget is not None and share > budget and every is not None and every >= K_MAX:
+        lines.append(_note("over the budget at the sparsest sampling: what ptdash keeps every step (step count, "
+                           "loss, LRs, step time, commands) costs more than the budget on steps this short", "yellow"))
     return lines
 
 
