@@ -19,10 +19,15 @@ no optimizer gets its steps inferred (manual.py). Commands take effect at the ma
 step's boundary: the first of the main optimizer's own ``clip_grad_norm_`` call and its
 step, so a clip changed "from step N" is the clip step N's update used.
 
-The hot path is what runs at every step: a loss reference kept at ``backward``, one
-fused norm pass (shared with the script's own clipping), a finite check on CPU, and a
-StepRecord appended for the flusher. Everything else is sampled. Nothing here waits for
-the device: the only ``.item()`` calls read CPU tensors.
+The hot path is what runs at every step: a loss reference kept at ``backward``, its
+finite check on CPU, and a StepRecord appended for the flusher. On the steps the cost
+budget samples (budget.py: all of them while it can afford it) also one fused norm pass
+(shared with the script's own clipping, which makes it free: then it runs every step) and
+the gradients' finite check on CPU. A step the budget does not sample, of the one
+optimizer, with nothing at its boundary, takes the lean path: the pre-step hook checks the
+loss and the post-step hook records. ptdash times its own code here (``_own``, ``_extra``)
+for the budget. Everything else is sampled. Nothing here waits for the device: the only
+``.item()`` calls read CPU tensors.
 """
 
 from __future__ import annotations
