@@ -32,6 +32,7 @@ for the budget. Everything else is sampled. Nothing here waits for the device: t
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import time
@@ -53,6 +54,8 @@ from .recorder import StepRecord
 from .tracked import ClipNotes, Tracked
 
 _LR = operator.itemgetter("lr")
+_record = functools.partial(tuple.__new__, StepRecord)
+"""A StepRecord from a tuple of all its fields, without the Python frame of its ``__new__``."""
 _perf_counter = time.perf_counter
 _isfinite = math.isfinite
 _FLOAT = {float}
@@ -410,11 +413,11 @@ class Hooks:
             # Before the record: its layers are named after the models found here.
             self.discovery.set_models(find_models([opt]) if opt is not None else self.manual.models())
         t_record = _perf_counter()
-        self.recorder.add(StepRecord(
+        self.recorder.add(_record((
             step, time.time(), losses, total, per_tensor, params if per_tensor is not None else None, clip_max, lrs,
             (start, self._t_forward, self._t_pre, now, waits, self._inner), self._samples, ratios,
             self.user_values.take() if self.user_values.pending else None, 0,
-            self._own + t_record - now, self._extra))
+            self._own + t_record - now, self._extra)))
         self._extra = 0.0
         step_s = now - start
         self.last_step_s = 0.9 * self.last_step_s + 0.1 * step_s if self.last_step_s else step_s
@@ -462,9 +465,9 @@ class Hooks:
         start = self._t_post
         t_record = _perf_counter()
         user = self.user_values
-        self.recorder.add(StepRecord(step, time.time(), losses, None, None, None, None, lrs,
-                                     (start, None, None, now, None, 0.0), 0, None,
-                                     user.take() if user.pending else None, 0, self._own + t_record - now, 0.0))
+        self.recorder.add(_record((step, time.time(), losses, None, None, None, None, lrs,
+                                   (start, None, None, now, None, 0.0), 0, None,
+                                   user.take() if user.pending else None, 0, self._own + t_record - now, 0.0)))
         self.last_step_s = 0.9 * self.last_step_s + 0.1 * (now - start)
         self.step = step
         self._in_step = self._at_boundary = False
