@@ -29,6 +29,7 @@ import torch
 
 from . import link, system
 from .anomalies import Anomalies
+from .budget import Budget
 from .checkpoint import Checkpointer
 from .controls import Controls, Settings
 from .discovery import Discovery, find_models, model_names, param_names
@@ -87,7 +88,8 @@ class Engine:
         self.server: Server | None = None
         self.store: StoreWriter | None = None
         self.discovery = Discovery()
-        self.recorder = Recorder()
+        self.budget = Budget(config.overhead_budget)
+        self.recorder = Recorder(self.budget.observe)
         self.user_values = UserValues()
         self.journal = Journal(self._publish, lambda: self.hooks.step, self.settings, rank=self.dist.rank,
                                run_dir=self.run_dir if self.primary else None, wake=lambda: self.flusher.wake())
@@ -109,6 +111,7 @@ class Engine:
         self.hooks = Hooks(self.settings, self.controls, self.recorder, self.doctor, self.discovery, self.anomalies,
                            self.user_values, self._first_step, self._discovered, self._step_end, self._no_step,
                            self._new_optimizer)
+        self.hooks.budget = self.budget
         self.naming = LayerNaming(self.discovery)
         self._patches = Patches()
         """The engine's own patches (the resumed run's scheduler guard)."""
@@ -129,7 +132,7 @@ class Engine:
                                system.SystemSampler(), self._publish, store=self.store,
                                push=None if self.primary else self.dist.push, ranks=self.ranks,
                                interval=config.flush_interval, step_seconds=lambda: self.hooks.last_step_s,
-                               schedule=self.preview)
+                               schedule=self.preview, budget=self.budget)
         self.flusher.push_layers = leads and not self.primary
         self._periodic = bool(config.checkpoint_every or config.checkpoint_every_s)
         """Whether each step end checks for a periodic checkpoint."""

@@ -62,11 +62,11 @@ class Flusher:
     def __init__(self, recorder: Recorder, journal, doctor, anomalies, naming: LayerNaming, sampler,
                  publish: Callable[[Message], None], store=None, push: Callable[[dict], None] | None = None,
                  ranks=None, interval: float = 0.25, step_seconds: Callable[[], float] = lambda: 0.0,
-                 schedule=None) -> None:
+                 schedule=None, budget=None) -> None:
         self._recorder, self._journal, self._doctor, self._anomalies = recorder, journal, doctor, anomalies
         self._naming, self._sampler, self._publish, self._store = naming, sampler, publish, store
         self._push, self._ranks, self._interval, self._step_seconds = push, ranks, interval, step_seconds
-        self._schedule = schedule
+        self._schedule, self._budget = schedule, budget
         self.push_layers = False
         """Rank 0 in another process than the hub: its layer records and schedule go with its flushes."""
         self._stop = threading.Event()
@@ -113,12 +113,15 @@ class Flusher:
 
     def sample(self) -> list:
         """One ``[wall, {name: value}]`` reading of the host and the GPUs."""
-        values = {k: v for k, v in self._sampler.sample().items() if v is not None}
-        return [time.time(), values]
+        values = self._sampler.sample()
+        if self._budget is not None:
+            values.update(self._budget.reading())
+        return [time.time(), {k: v for k, v in values.items() if v is not None}]
 
     def flush(self, sample: list | None = None) -> None:
         """Move everything recorded to the store and the dashboards."""
         rows, layer_rows = self._recorder.drain()
+        self._rebudget()
         schedules = self._schedule_ahead(rows)
         self._doctor.on_flush(rows, layer_rows, _to_host)
         self._anomalies.check_rows(rows)
@@ -146,6 +149,16 @@ class Flusher:
             self._publish(msg)
         if self._ranks is not None:
             self._ranks.collect(rows)
+
+    def _rebudget(self) -> None:
+        """Re-evaluate the sampling period from the steps just drained; journal a change."""
+        if self._budget is None:
+            return
+        change = self._budget.decide()
+        if change is not None:
+            self._doctor.spacing = self._budget.every
+            self._journal.event("sampling", change, every=self._budget.every,
+                                doctor_every=self._budget.doctor_every, budget_pct=self._budget.percent)
 
     def _schedule_ahead(self, rows: list) -> list:
         """What to send about the LR schedule ahead; a failure there must not lose the rows.

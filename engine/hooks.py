@@ -19,14 +19,20 @@ no optimizer gets its steps inferred (manual.py). Commands take effect at the ma
 step's boundary: the first of the main optimizer's own ``clip_grad_norm_`` call and its
 step, so a clip changed "from step N" is the clip step N's update used.
 
-The hot path is what runs at every step: a loss reference kept at ``backward``, one
-fused norm pass (shared with the script's own clipping), a finite check on CPU, and a
-StepRecord appended for the flusher. Everything else is sampled. Nothing here waits for
-the device: the only ``.item()`` calls read CPU tensors.
+The hot path is what runs at every step: a loss reference kept at ``backward``, its
+finite check on CPU, and a StepRecord appended for the flusher. On the steps the cost
+budget samples (budget.py: all of them while it can afford it) also one fused norm pass
+(shared with the script's own clipping, which makes it free: then it runs every step) and
+the gradients' finite check on CPU. A step the budget does not sample, of the one
+optimizer, with nothing at its boundary, takes the lean path: the pre-step hook checks the
+loss and the post-step hook records. ptdash times its own code here (``_own``, ``_extra``)
+for the budget. Everything else is sampled. Nothing here waits for the device: the only
+``.item()`` calls read CPU tensors.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import time
@@ -37,6 +43,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from . import metrics, wrappers
+from .budget import Budget
 from .checkpoint import FirstForward
 from .discovery import find_models
 from .invisible import ModuleState, own, patch_warn
@@ -47,11 +54,17 @@ from .recorder import StepRecord
 from .tracked import ClipNotes, Tracked
 
 _LR = operator.itemgetter("lr")
+_record = functools.partial(tuple.__new__, StepRecord)
+"""A StepRecord from a tuple of all its fields, without the Python frame of its ``__new__``."""
 _perf_counter = time.perf_counter
 _isfinite = math.isfinite
 _FLOAT = {float}
-MAX_LOSSES = 64
-"""Loss references kept for one step; beyond this they are added up on the device."""
+
+
+def _held(lrs: list) -> list:
+    """A step's LRs as the record keeps them: a tensor LR (capturable optimizers) changes in
+    place, so this step's value is copied (on its device, no sync)."""
+    return [lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr) for lr in lrs]
 
 
 class Hooks:
@@ -117,7 +130,32 @@ class Hooks:
         """Recent step duration (a moving average), for spacing the rank exchanges."""
         self.grad_device = "cpu"
         """Where the gradients live: off the CPU, non-finite checks wait for the flush."""
+        self._budget = Budget()
+        self._own = 0.0
+        """ptdash's own time on the training thread since the last main record (budget.py)."""
+        self._extra = 0.0
+        """The part of ``_own`` spent sampling this step (norms, checks, ratios, doctor)."""
+        self._ratio_owed = False
+        """An update ratio fell due on a step that was not sampled: take it at the next one."""
+        self._lean = 0
+        """id() of the main optimizer when its next step may take the lean path (see ``_pre_step``)."""
+        self._in_lean = False
+        """Whether the step under way took the lean path."""
         discovery.on_models.append(self._on_models)
+
+    @property
+    def budget(self) -> Budget:
+        """How sparsely per-layer statistics are sampled (``budget.every``); the engine gives its own."""
+        return self._budget
+
+    @budget.setter
+    def budget(self, budget: Budget) -> None:
+        self._budget = budget
+        budget.on_change.append(self._period_changed)
+
+    def _period_changed(self) -> None:
+        # A lean next step was decided under the old period: decide again at the step.
+        self._lean = 0
 
     # ------------------------------------------------------------ attach / detach
 
@@ -198,12 +236,6 @@ class Hooks:
             controls.at_save_point(self.step)
             controls.at_step_start(self.step)
 
-    def keep_loss(self, loss: torch.Tensor) -> None:
-        losses = self._losses
-        losses.append(loss)
-        if len(losses) > MAX_LOSSES:
-            self._losses = [metrics.fold(losses)]
-
     def _tracked_for(self, opt) -> Tracked:
         tracked = self._tracked.get(id(opt))
         if tracked is None or tracked.ref() is not opt:
@@ -223,6 +255,20 @@ class Hooks:
     # ---------------------------------------------------------------- step hooks
 
     def _pre_step(self, opt, args, kwargs):
+        t_in = _perf_counter()
+        if (self._lean == id(opt) and len(args) == 1 and not kwargs and not self.clip_notes.notes
+                and not self.controls.has_work(self.step)):
+            # The lean path: a step the budget does not sample, of the one optimizer, with no
+            # closure, no clip or LR override and nothing for the boundary to serve. Only the
+            # loss is checked before the update (on CPU); the step is recorded at its end.
+            self._in_step = self._at_boundary = self._in_lean = True
+            for loss in self._losses:
+                if loss.is_cpu and not _isfinite(loss.item()):
+                    self._unmetered(self.anomalies.before_update, opt, self.step + 1, None, [])
+                    self._lean = 0  # commands may have been applied in its pause
+                    break
+            self._own += _perf_counter() - t_in
+            return None
         if self._resume is not None:
             self._resume, resume = None, self._resume
             resume()
@@ -234,7 +280,8 @@ class Hooks:
             self.boundary()
             if closure is not None and self.controls.has_work(self.step):
                 self.controls.at_save_point(self.step)
-            self._t_pre = _perf_counter()
+            # ptdash's own time counts from here: the boundary may have paused or saved.
+            self._t_pre = t_in = _perf_counter()
             self._in_step = True
         tracked.closure_losses = len(self._losses) if closure is not None else None
         result = None
@@ -248,6 +295,7 @@ class Hooks:
             self.grads_ready(tracked, True)
         if self.settings.lr_scale != 1.0:
             tracked.scale_lr(self.settings.lr_scale)
+        self._own += _perf_counter() - t_in
         return result
 
     def grads_ready(self, tracked: Tracked, measure: bool) -> None:
@@ -260,8 +308,24 @@ class Hooks:
                 params, _, total = tracked.measure()
                 metrics.clip_with_norm(params, override, total)
             return
+        t0 = _perf_counter()
+        step = self.step + 1
+        main = tracked.index == 0
+        every = self.update_ratio_every
         if note is not None and note[1] is not None:
             params, per_tensor, total, tracked.clip_max = note
+        elif note is None and override is None and step % self._budget.every:
+            # A step the budget does not sample (budget.py): no norms, and on CPU only the
+            # loss is checked before the update; the gradients are checked on sampled steps.
+            tracked.norms = None
+            if every and step % every == 0:
+                self._ratio_owed = True
+            if tracked.closure_losses is None:
+                for loss in self._losses:
+                    if loss.is_cpu and not _isfinite(loss.item()):
+                        self._unmetered(self.anomalies.before_update, opt, step, None, [])
+                        break
+            return
         else:
             params, per_tensor, total = tracked.measure()
             if note is not None:  # clip_grads_with_norm_: the script's total stays the pre-clip norm
@@ -270,11 +334,10 @@ class Hooks:
                 metrics.clip_with_norm(params, override, total)
                 tracked.clip_max = override
         tracked.norms = (per_tensor, total, params)
-        main = tracked.index == 0
         if main:
             self.layer_params = params
             if self.doctor.watching:
-                self.doctor.on_pre_step(opt, self.step + 1, params)
+                self.doctor.on_pre_step(opt, step, params)
         if total.is_cpu:
             # On CPU reading two scalars waits for nothing, so a non-finite gradient is caught
             # before the update. On CUDA it would be a sync per step: the flusher reports it
@@ -285,16 +348,33 @@ class Hooks:
                     if loss.is_cpu and not _isfinite(loss.item()):
                         finite = False
                 if not finite:
-                    self.anomalies.before_update(opt, self.step + 1, per_tensor, params)
+                    self._extra += _perf_counter() - t0
+                    self._unmetered(self.anomalies.before_update, opt, step, per_tensor, params)
                     return
         elif self.grad_device != total.device.type:
             self.grad_device = total.device.type
-        every = self.update_ratio_every
-        if main and every and (self.step + 1) % every == 0 and params:
+        if main and every and (step % every == 0 or self._ratio_owed) and params:
+            self._ratio_owed = False
             self._before_params = params
             self._before = torch._foreach_mul(metrics.ratio_samples(params), 1.0)
+        self._extra += _perf_counter() - t0
+
+    def _unmetered(self, fn, *args) -> None:
+        """Call ``fn`` (which may pause) without counting its time as ptdash's own."""
+        t0 = _perf_counter()
+        fn(*args)
+        self._own -= _perf_counter() - t0
 
     def _post_step(self, opt, args, kwargs) -> None:
+        if self._in_lean:
+            now = _perf_counter()
+            self._in_lean = False
+            losses, self._losses = self._losses, []
+            lrs = list(map(_LR, opt.param_groups))
+            if set(map(type, lrs)) != _FLOAT:
+                lrs = _held(lrs)
+            self._end_lean(opt, losses, lrs, now)
+            return
         tracked = self._tracked.get(id(opt))
         if tracked is None or tracked.ref() is not opt:
             return
@@ -307,13 +387,13 @@ class Hooks:
         if lrs is None:
             lrs = list(map(_LR, opt.param_groups))
         if set(map(type, lrs)) != _FLOAT:
-            # A tensor LR (capturable optimizers) changes in place: keep this step's value.
-            lrs = [lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr) for lr in lrs]
+            lrs = _held(lrs)
         per_tensor, total, params = tracked.norms if tracked.norms is not None else (None, None, None)
         clip_max, tracked.norms, tracked.clip_max = tracked.clip_max, None, None
         if tracked.index:
             self.recorder.add(StepRecord(self.step, time.time(), losses, total, None, None, clip_max, lrs, None,
                                          0, None, None, tracked.index))
+            self._own += _perf_counter() - now
             return
         self._end_step(opt, losses, total, per_tensor, params, clip_max, lrs, now)
 
@@ -323,38 +403,88 @@ class Hooks:
         step = self.step + 1
         ratios = None
         if self._before is not None:
+            t0 = _perf_counter()
             ratios = metrics.update_ratio(self._before, metrics.ratio_samples(self._before_params))
             self._before = self._before_params = None
+            self._extra += _perf_counter() - t0
         start = self._t_post if self._t_post is not None else now
         waits = self.loaders.take_waits() if self.loaders.timing else None
-        if not self.discovery.models and not self._discovered:
+        if not self._discovered and not self.discovery.models:
             # Before the record: its layers are named after the models found here.
             self.discovery.set_models(find_models([opt]) if opt is not None else self.manual.models())
-        self.recorder.add(StepRecord(
+        t_record = _perf_counter()
+        self.recorder.add(_record((
             step, time.time(), losses, total, per_tensor, params if per_tensor is not None else None, clip_max, lrs,
             (start, self._t_forward, self._t_pre, now, waits, self._inner), self._samples, ratios,
-            self.user_values.take() if self.user_values.pending else None, 0))
+            self.user_values.take() if self.user_values.pending else None, 0,
+            self._own + t_record - now, self._extra)))
+        self._extra = 0.0
         step_s = now - start
         self.last_step_s = 0.9 * self.last_step_s + 0.1 * step_s if self.last_step_s else step_s
         doctor = self.doctor
         if opt is not None and step >= doctor.post_from:
             doctor.on_post_step(opt, step)
         self.step = step
-        self.manual.backwards = 0
+        if self.main is None:
+            self.manual.backwards = 0
         self._in_step = self._at_boundary = False
-        self.clip_notes.clear()
+        if self.clip_notes.notes:
+            self.clip_notes.clear()
         self._t_post, self._t_forward, self._t_pre, self._inner, self._samples = now, None, None, 0.0, 0
         if not self._discovered:  # the first step of this process (a resumed run starts at N)
             self._discovered = True
             self._discovered_cb(opt)
         self._step_end(step)
+        self._next_step(opt, step)
+        # What this step's end cost after its record is counted with the next step.
+        self._own = _perf_counter() - t_record
+
+    def _next_step(self, opt, step: int) -> None:
+        """Get the hooks ready for step ``step + 1``: the forward hook, and its path."""
         # The forward hook times the step's compute and serves checkpoints at the start of
         # a step: it is installed for the steps the doctor watches and when a save is due.
+        doctor = self.doctor
         pending = self.controls.pending
         want = doctor.watching or bool(pending.checkpoint) or pending.stop is not None
         self.loaders.timing = doctor.watching
         if want is not self._forward_on:
             self._set_forward_hook(want)
+        settings, every = self.settings, self._budget.every
+        lean = (opt is not None and len(self._tracked) == 1 and (step + 1) % every != 0
+                and not want and settings.clip is None and settings.lr_scale == 1.0)
+        self._lean = id(opt) if lean else 0
+        if every != self._budget.every:  # the flusher changed it meanwhile: decide at the step
+            self._lean = 0
+        if self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
+            self._ratio_owed = True  # taken at the next sampled step
+
+    def _end_lean(self, opt, losses: list, lrs: list, now: float) -> None:
+        """``_end_step`` after the lean path: nothing was sampled, timed or served, so only
+        the record, the counters and the next step's path are left."""
+        step = self.step + 1
+        start = self._t_post
+        t_record = _perf_counter()
+        user = self.user_values
+        self.recorder.add(_record((step, time.time(), losses, None, None, None, None, lrs,
+                                   (start, None, None, now, None, 0.0), 0, None,
+                                   user.take() if user.pending else None, 0, self._own + t_record - now, 0.0)))
+        self.last_step_s = 0.9 * self.last_step_s + 0.1 * (now - start)
+        self.step = step
+        self._in_step = self._at_boundary = False
+        self._t_post = now
+        doctor = self.doctor
+        if step >= doctor.post_from:
+            doctor.on_post_step(opt, step)
+        self._step_end(step)
+        pending = self.controls.pending
+        every = self._budget.every
+        # Settings change only at a boundary the lean path did not take; a checkpoint can
+        # fall due in ``_step_end``, and the doctor may watch the next step.
+        if doctor.watching or pending.checkpoint or pending.stop is not None or not (step + 1) % every:
+            self._next_step(opt, step)
+        elif self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
+            self._ratio_owed = True
+        self._own = _perf_counter() - t_record
 
     # ---------------------------------------------------------- inferred steps
 
@@ -386,14 +516,16 @@ class Hooks:
     def _on_forward(self, module, args) -> None:
         if self._in_step or not torch.is_grad_enabled():
             return  # a closure's forward, or an evaluation pass
+        t_in = _perf_counter()
         if self._t_forward is None:
             self.began()
-            self._t_forward = _perf_counter()
+            self._t_forward = t_in
             self.loaders.mark_training()
         if args and isinstance(args[0], torch.Tensor):
             shape = args[0].shape
             if shape:
                 self._samples += shape[0]
+        self._own += _perf_counter() - t_in
         controls = self.controls
         if controls.has_work(self.step):
             controls.at_save_point(self.step)

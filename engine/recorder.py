@@ -58,6 +58,10 @@ class StepRecord(NamedTuple):
     """Values ``ptdash.log`` gave since the previous step, or None."""
     opt: int = 0
     """Which optimizer stepped: 0 the main one, k the k-th other (its series are opt<k>/...)."""
+    own: float = 0.0
+    """ptdash's own time on the training thread since the previous main record (s)."""
+    extra: float = 0.0
+    """The part of ``own`` that sampling the step cost: norms, checks, ratios, doctor (s)."""
 
 
 class UserValues:
@@ -93,7 +97,9 @@ class LayerRow:
 class Recorder:
     """The hand-off between the training thread and the flusher."""
 
-    def __init__(self) -> None:
+    def __init__(self, observe=None) -> None:
+        self._observe = observe
+        """Shown every drained record (budget.Budget.observe), on the flusher thread."""
         self._pending: collections.deque[tuple] = collections.deque()
         self.add = self._pending.append
         """Called on the training thread with a StepRecord: a deque's own append, so it
@@ -107,7 +113,7 @@ class Recorder:
 
         Called on the flusher thread. Rows are ``[step, wall, {name: value}]`` with
         non-finite values as None. Per-layer rows are converted for the steps that use
-        them: the newest, those with update ratios or a non-finite loss or norm, and the
+        them: the newest that has them, those with update ratios or a non-finite loss or norm, and the
         steps in ``wanted``; the norms of the others were computed (the total needs them)
         but are dropped unread.
         """
@@ -117,6 +123,8 @@ class Recorder:
             records.append(pending.popleft())
         if not records:
             return [], []
+        if self._observe is not None:
+            self._observe(records)
         # Each record's device scalars, in a fixed order: [loss], [total], then tensor LRs and user values.
         scalars: list[torch.Tensor] = []
         for r in records:
@@ -130,7 +138,7 @@ class Recorder:
         host = iter(_to_host(scalars))
         rows, keep = [], []
         for record in records:
-            step, wall, losses, total, layers, _, clip_max, lrs, times, samples, ratios, user, opt = record
+            step, wall, losses, total, layers, _, clip_max, lrs, times, samples, ratios, user, opt, _, _ = record
             # The main optimizer's series keep their plain names; the k-th other one's are opt<k>/...
             prefix = f"opt{opt}/" if opt else ""
             values: dict[str, float | None] = {}
@@ -160,8 +168,10 @@ class Recorder:
                 rows.append([step, wall, values])
             if layers is not None and (not finite or ratios is not None or step in wanted):
                 keep.append(record)
-        if records[-1].layers is not None and (not keep or keep[-1] is not records[-1]):
-            keep.append(records[-1])
+        # The newest step with per-layer norms (under the cost budget, the newest sampled one).
+        newest = next((r for r in reversed(records) if r.layers is not None), None)
+        if newest is not None and (not keep or keep[-1] is not newest):
+            keep.append(newest)
         return rows, _layer_rows(keep)
 
 

@@ -24,6 +24,8 @@ from . import metrics
 from .invisible import own
 
 _perf_counter = time.perf_counter
+MAX_LOSSES = 64
+"""Loss references kept for one step; beyond this they are added up on the device."""
 
 
 def wrap_backward(hooks, original):
@@ -32,6 +34,7 @@ def wrap_backward(hooks, original):
 
     @own
     def backward(tensors, *args, **kwargs):
+        t_in = _perf_counter()
         t = tensors
         if not isinstance(t, Tensor):
             t = t[0] if isinstance(t, (list, tuple)) and len(t) == 1 else None
@@ -50,9 +53,13 @@ def wrap_backward(hooks, original):
                 ref, raw = hooks._unscaled.pop(id(loss), (None, None))
                 if ref is not None and ref() is loss:
                     loss = raw
-            hooks.keep_loss(loss.detach())
+            losses = hooks._losses
+            losses.append(loss.detach())
+            if len(losses) > MAX_LOSSES:  # beyond this they are added up on the device
+                hooks._losses = [metrics.fold(losses)]
         if doctor.watching:
             doctor.on_backward()
+        hooks._own += _perf_counter() - t_in
         result = original(tensors, *args, **kwargs)
         if hooks.main is None:
             if manual.params and hooks.optimizer_less():
@@ -86,15 +93,18 @@ def wrap_zero_grad(hooks, original):
 
     @own
     def zero_grad(opt, *args, **kwargs):
+        t_in = _perf_counter()
         main = hooks.main
         if not hooks._in_step and (main is None or main.ref() is opt):
             # What a step GradScaler skipped left behind (no optimizer hook fired) must not
             # be counted in the next step.
             if hooks._losses:
                 hooks._losses = []
-            hooks.clip_notes.clear()
+            if hooks.clip_notes.notes:
+                hooks.clip_notes.clear()
         if doctor.watching:
             doctor.on_zero_grad(opt)
+        hooks._own += _perf_counter() - t_in
         return original(opt, *args, **kwargs)
 
     zero_grad.__wrapped__ = original
@@ -162,7 +172,9 @@ def wrap_closure(hooks, tracked, closure):
         if tracked.index == 0:
             hooks._inner += _perf_counter() - t0
         calls += 1
+        t1 = _perf_counter()
         hooks.grads_ready(tracked, measure=calls == 1)
+        hooks._own += _perf_counter() - t1
         return loss
 
     return ptdash_closure

@@ -78,6 +78,8 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="record CUDA allocations; on out-of-memory, save a snapshot for PyTorch's memory viewer")
     p.add_argument("--update-ratio-every", type=_count_arg(0), default=100, metavar="K",
                    help="measure each parameter's update/weight ratio every K steps (0: never; default 100)")
+    p.add_argument("--overhead-budget", type=_positive_arg("overhead budget"), default=1.0, metavar="PCT",
+                   help="ptdash's share of the step time, in percent (default 1; 100 = never thin the statistics)")
     p.add_argument("--nproc-per-node", type=_count_arg(1), default=1, metavar="N",
                    help="launch N ranks through torch.distributed's launcher (DDP)")
     p.add_argument("--detect-anomaly", action="store_true",
@@ -183,7 +185,8 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
             resume=str(args.resume.resolve()) if args.resume else None, flush_interval=args.flush_interval,
             on_anomaly=args.on_anomaly, profile_steps=args.profile_steps, memory_history=args.memory_history,
             update_ratio_every=args.update_ratio_every, stall_seconds=args.stall_timeout,
-            detect_anomaly=args.detect_anomaly, steps=args.steps, **every)
+            detect_anomaly=args.detect_anomaly, steps=args.steps,
+            overhead_budget=args.overhead_budget, **every)
     except ConfigError as exc:
         raise CliError(str(exc), 2) from None
     try:

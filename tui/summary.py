@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from .fmt import fmt_duration, fmt_si
 from .runs import RunSummary
 from .tabs.doctor import Findings
 from .tabs.overview import lr_names
+from .tabs.system import cost_line, sampling_line
 
 _CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
 
@@ -36,7 +38,7 @@ def summarize(run: RunSummary) -> dict:
            "step": run.step, "total_steps": info.total_steps, "started": info.started or info.created or None,
            "ended": info.ended, "duration_s": None, "steps_per_s": None, "loss": None, "lr": None,
            "grad_norm": None, "changes": [], "findings": [], "checkpoints": _checkpoints(run.path),
-           "damage": None}
+           "cost": None, "damage": None}
     try:
         reader = RowReader(run.path / STORE_NAME)
     except StoreError as exc:
@@ -63,6 +65,7 @@ def summarize(run: RunSummary) -> dict:
         norm = reader.stats("grad/norm_total")
         if norm is not None:
             out["grad_norm"] = {"min": _point(norm.low), "max": _point(norm.high), "last": _point(norm.last)}
+        out["cost"] = _cost(reader)
         findings = Findings()
         for event in reader.events():
             if event.kind == "finding":
@@ -74,6 +77,27 @@ def summarize(run: RunSummary) -> dict:
                            for f in findings.newest_first()[::-1]]
         out["damage"] = str(reader.damage) if reader.damage else None
     return out
+
+
+def _cost(reader) -> dict | None:
+    """ptdash's own cost as the engine measured it (budget.py): the median of its readings
+    over the run, the sampling periods at the end. None for a run without the readings."""
+    latest = reader.latest_samples()
+    shares = [v for v in reader.sampled("ptdash/step_pct")[1] if v is not None]
+    threads = [v for v in reader.sampled("ptdash/threads_pct")[1] if v is not None]
+    if not shares and not threads:
+        return None
+
+    def median(values: list) -> float | None:
+        return statistics.median(values) if values else None
+
+    def whole(name: str) -> int | None:
+        value = latest.get(name)
+        return None if value is None else int(value)
+
+    return {"step_pct": median(shares), "threads_pct": median(threads), "readings": len(shares),
+            "budget_pct": latest.get("ptdash/budget_pct"), "layers_every": whole("ptdash/layers_every"),
+            "doctor_every": whole("ptdash/doctor_every")}
 
 
 def _point(point) -> dict | None:
@@ -117,6 +141,11 @@ def render(s: dict) -> str:
     found = s["findings"]
     lines.append(_row("findings", f"{len(found)}: " + ", ".join(f"{f['id']} ({f['severity']})" for f in found)
                       + f"  (ptdash doctor {s['run_dir']})" if found else "none"))
+    if s.get("cost"):
+        c = s["cost"]
+        said = cost_line(c["step_pct"], c["threads_pct"], c["budget_pct"])
+        sampled = sampling_line(c["layers_every"], c["doctor_every"])
+        lines.append(_row("cost", f"{said} (median over the run)" + (f"; {sampled} at the end" if sampled else "")))
     ck = s["checkpoints"]
     lines.append(_row("checkpoints", f"{ck['count']} in {ck['dir']}, newest {ck['newest']}" if ck["count"]
                       else "none"))

@@ -49,9 +49,10 @@ never-learns waits), then every WATCH_EVERY-th: the bugs they look for repeat ev
 and a step not watched costs them nothing."""
 
 
-def watches(step: int) -> bool:
-    """Whether the training-thread checks watch step ``step`` (counted from 1)."""
-    return step <= WATCH_FIRST or step % WATCH_EVERY == 0
+def watches(step: int, every: int = WATCH_EVERY) -> bool:
+    """Whether the training-thread checks watch step ``step`` (counted from 1), past the
+    first WATCH_FIRST steps one in ``every``."""
+    return step <= WATCH_FIRST or step % every == 0
 
 
 class Doctor:
@@ -87,6 +88,9 @@ class Doctor:
         self.post_from = 0
         """The hooks call ``on_post_step`` after each step from this one on (it moves ahead
         while no step is watched)."""
+        self.spacing = 1
+        """The cost budget's sampling period (budget.py): past the first steps the checks
+        watch one step in ``WATCH_EVERY * spacing``."""
 
     # ------------------------------------------------------------ attach / detach
 
@@ -186,13 +190,14 @@ class Doctor:
         try:
             if self._main is None or self._main() is not opt:
                 return
-            watch = watches(step + 1)
+            every = WATCH_EVERY * self.spacing
+            watch = watches(step + 1, every)
             self.gradients.on_post_step(watch)
             self.watching = watch
             if watch or self._cuda:
                 self.post_from = step + 1
             else:  # nothing to do until the step before the next watched one
-                self.post_from = ((step + 1) // WATCH_EVERY + 1) * WATCH_EVERY - 1
+                self.post_from = ((step + 1) // every + 1) * every - 1
             if self._cuda and (self.syncs.active or torch.cuda.is_initialized()):
                 found = self.syncs.on_post_step(step)
                 if found:

@@ -79,6 +79,9 @@ class RunConfig:
     """Autograd anomaly detection, so a failing backward names its forward line."""
     flush_interval: float = 0.25
     """Seconds between the flusher's moves of step records to the store."""
+    overhead_budget: float = 1.0
+    """The share of each step's time, in percent, that ptdash's own work on the training
+    thread may take; above it the per-layer statistics are thinned (budget.py). 100: never thin."""
     steps: int | None = None
     """The run's length in optimizer steps (``--steps``), when its schedule does not say;
     only informs the display (the total, the ETA and how far the LR schedule is previewed)."""
@@ -93,6 +96,9 @@ class RunConfig:
         _count("steps", self.steps, 1)
         _positive("stall_seconds", self.stall_seconds, allow_none=False)
         _positive("flush_interval", self.flush_interval, allow_none=False)
+        _positive("overhead_budget", self.overhead_budget, allow_none=False)
+        if self.overhead_budget > 100:
+            raise ConfigError(f"overhead_budget is a percentage, at most 100, got {self.overhead_budget!r}")
         if self.on_anomaly not in ANOMALY_ACTIONS:
             raise ConfigError(f"on_anomaly must be one of {', '.join(ANOMALY_ACTIONS)}, got {self.on_anomaly!r}")
         if self.resume is not None and not isinstance(self.resume, str):
@@ -127,7 +133,7 @@ class RunConfig:
             raise ConfigError("the run's config must be a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        for name in ("stall_seconds", "flush_interval", "clip", "lr_scale", "checkpoint_every_s"):
+        for name in ("stall_seconds", "flush_interval", "clip", "lr_scale", "checkpoint_every_s", "overhead_budget"):
             if isinstance(values.get(name), int) and not isinstance(values[name], bool):
                 values[name] = float(values[name])
         try:

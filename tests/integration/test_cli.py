@@ -13,7 +13,9 @@ from support.runner import REPO, SCRIPTS, ptdash
 
 def test_basic_example_records_every_step_bit_identical(tmp_path):
     loss_file = tmp_path / "losses.txt"
-    result = ptdash("--headless", "--run-dir", "run", str(REPO / "examples" / "basic.py"),
+    # --overhead-budget 100: every statistic on every step, so every step has its norm
+    # (under the default budget a fast step's norms are sampled: tests/integration/test_budget.py).
+    result = ptdash("--headless", "--run-dir", "run", "--overhead-budget", "100", str(REPO / "examples" / "basic.py"),
                     "--steps", "120", "--loss-file", str(loss_file), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     expected = [float(line) for line in loss_file.read_text().split()]
@@ -158,6 +160,8 @@ def project(tmp_path):
     (["--nproc-per-node", "0"], "argument --nproc-per-node: takes a whole number >= 1, got '0'"),
     (["--nproc-per-node", "-2"], "argument --nproc-per-node: takes a whole number >= 1"),
     (["--update-ratio-every", "-1"], "argument --update-ratio-every: takes a whole number >= 0"),
+    (["--overhead-budget", "0"], "argument --overhead-budget: overhead budget must be"),
+    (["--overhead-budget", "150"], "overhead_budget is a percentage, at most 100, got 150.0"),
     (["--lr-scale", "1e308"], "LR factor must be from 1e-6 to 1000, got '1e308'"),
     (["--clip", "1e309"], "clip norm must be a finite number > 0"),
     (["--profile-steps", "1:5000"], "a profile is a whole number of steps from 1 to 1000"),

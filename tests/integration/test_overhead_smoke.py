@@ -18,17 +18,22 @@ def test_overhead_benchmark_prints_table_and_verdicts():
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "| workload | variant | median step (ms) |" in out, out
-    for label in ("plain + one `_foreach_norm` (reference)", "ptdash (default hooks)", "naive `.item()` per param"):
+    for label in ("plain + one `_foreach_norm` (reference)", "ptdash (default hooks)", "naive `.item()` per param",
+                  "TensorBoard `add_scalar` per value"):
         assert label in out, out
     assert out.count("| MLP (30 tensors") == 4 and out.count("| GPT (4x256") == 3, out
+    assert out.count("| wide (50 Linear(16,16), 100 tensors") == 4, out
     # The real engine recorded every instrumented step: warm-up, block (1 + 1), paired run (1 + 1).
-    assert out.count("the engine recorded 5 steps (expected 5)") == 2, out
-    assert out.count("paired runs") == 2 and "dashboard stand-in read" in out and "load average" in out, out
+    assert out.count("the engine recorded 5 steps (expected 5)") == 3, out
+    assert out.count("paired runs") == 3 and "dashboard stand-in read" in out and "load average" in out, out
+    assert out.count("the budget's own measure (StepRecord.own over") == 3, out
+    assert "wide, block medians against plain in the same run: ptdash " in out and " tensorboard " in out, out
     verdicts = [line for line in out.splitlines() if line.startswith(("PASS ", "FAIL ", "NOISE "))]
-    assert len(verdicts) == 10, out
+    assert len(verdicts) == 14, out
     for workload in ("mlp", "gpt"):
         # Timed inside the hooks: always decided. One cycle: the paired measures have no interval.
         assert sum(line.startswith(("PASS ", "FAIL ")) and f" {workload}, inside ptdash's hooks:" in line
                    for line in verdicts) == 1, out
         assert sum(line.startswith("NOISE ") and f" {workload}, training thread (paired):" in line
                    for line in verdicts) == 1, out
+    assert sum(line.startswith("NOISE ") and " wide, training thread (paired):" in line for line in verdicts) == 1, out

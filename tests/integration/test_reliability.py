@@ -248,7 +248,8 @@ def describe(name: str, w: dict) -> str:
 def soak(tmp_path_factory):
     """One steady run shared by the soak tests, with its no-dashboard baseline."""
     tmp = tmp_path_factory.mktemp("soak")
-    run = Run(tmp, STEADY, "--sleep", "0.01")
+    # Every statistic on every step (no cost budget): the store must have each step's norm.
+    run = Run(tmp, STEADY, "--sleep", "0.01", options=("--overhead-budget", "100"))
     run.client.close()  # a test client that never reads would be a stalled reader itself
     try:
         run.wait_step(30)

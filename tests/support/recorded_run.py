@@ -99,7 +99,10 @@ def demo_row(step: int, rng: random.Random, wall: float) -> list:
 def host_sample(wall: float, rng: random.Random, rss: float = 1.2e9) -> list:
     """One reading of the host, as the engine takes once a second: ``[wall, {name: value}]``."""
     return [wall, {"host/cpu_pct": 50.0 + rng.random() * 10, "host/proc_cpu_pct": 95.0 + rng.random() * 5,
-                   "host/mem_used_bytes": 9.5e9 + rss, "host/mem_total_bytes": 24e9, "host/rss_bytes": rss}]
+                   "host/mem_used_bytes": 9.5e9 + rss, "host/mem_total_bytes": 24e9, "host/rss_bytes": rss,
+                   # ptdash's own cost, as the engine measures it (budget.py)
+                   "ptdash/step_pct": 0.4, "ptdash/threads_pct": 0.8, "ptdash/budget_pct": 1.0,
+                   "ptdash/layers_every": 1.0, "ptdash/doctor_every": 16.0}]
 
 
 def schedule_ahead(step: int, total: int = TOTAL_STEPS) -> Schedule:

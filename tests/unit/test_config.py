@@ -15,6 +15,7 @@ from ptdash.shared.config import ConfigError, RunConfig, RunInfo
 def test_defaults_are_the_clis_defaults():
     config = RunConfig()
     assert config.on_anomaly == "pause" and config.update_ratio_every == 100 and config.clip is None
+    assert config.overhead_budget == 1.0
     assert RunConfig.from_json(config.to_json()) == config
 
 
@@ -23,6 +24,7 @@ def test_defaults_are_the_clis_defaults():
     ("keep_last", 0), ("keep_last", -3), ("checkpoint_every", 0), ("update_ratio_every", -1),
     ("stall_seconds", 0.0), ("flush_interval", -0.1), ("on_anomaly", "explode"), ("profile_steps", (5, 2)),
     ("profile_steps", (0, 3)), ("memory_history", "yes"), ("keep_last", True),
+    ("overhead_budget", 0.0), ("overhead_budget", -1.0), ("overhead_budget", 101.0), ("overhead_budget", math.nan),
 ])
 def test_bad_values_are_refused_in_one_line_naming_the_field(field, value):
     with pytest.raises(ConfigError) as caught:

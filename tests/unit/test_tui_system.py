@@ -66,3 +66,24 @@ def test_step_split_adds_up_over_the_same_steps_and_hint():
     split = system.step_split(state)
     assert sum(split[n] for n, _, _ in system.STEP_PARTS) == pytest.approx(split["time/step_s"])
     assert split["time/other_s"] == pytest.approx(0.09 / 4)
+
+
+def test_ptdash_own_cost_and_what_it_samples():
+    state = state_with(**{"ptdash/step_pct": 0.43, "ptdash/threads_pct": 0.8, "ptdash/budget_pct": 1.0,
+                          "ptdash/layers_every": 8.0, "ptdash/doctor_every": 128.0})
+    text = text_of(system.report(state, 200), 200)
+    assert "ptdash: 0.4% of step time (budget 1%), its threads 0.8% of a core" in text
+    assert "per-layer norms (and the total norm, unless the script clips) one step in 8" in text
+    assert "doctor checks and the step split one step in 128" in text
+    every = state_with(**{"ptdash/step_pct": 0.2, "ptdash/layers_every": 1.0, "ptdash/doctor_every": 16.0})
+    assert "per-layer norms and update ratios: every step" in text_of(system.report(every, 120), 120)
+    # An engine that does not measure itself (an older run): no section at all.
+    assert "ptdash:" not in text_of(system.report(state_with(**{"host/cpu_pct": 5.0}), 120), 120)
+
+
+def test_over_the_budget_at_the_sparsest_sampling_says_why():
+    state = state_with(**{"ptdash/step_pct": 2.5, "ptdash/budget_pct": 1.0, "ptdash/layers_every": 256.0})
+    text = text_of(system.report(state, 200), 200)
+    assert "over the budget at the sparsest sampling" in text
+    under = state_with(**{"ptdash/step_pct": 0.5, "ptdash/budget_pct": 1.0, "ptdash/layers_every": 256.0})
+    assert "over the budget" not in text_of(system.report(under, 200), 200)

@@ -25,6 +25,9 @@ STEP_WINDOW = 50
 
 LABEL = 12
 
+K_MAX = 256
+"""The engine's sparsest sampling (one step in this many; ptdash.budget.K_MAX, which this side cannot import)."""
+
 _GPU = re.compile(r"^gpu(\d+)/")
 
 STEP_PARTS = (
@@ -216,6 +219,52 @@ def step_time(state: RunState, width: int) -> list[RenderableType]:
     return lines
 
 
+# -------------------------------------------------------------------- ptdash's cost
+
+
+def cost_line(step_pct: float | None, threads_pct: float | None, budget_pct: float | None) -> str | None:
+    """"ptdash: 0.4% of step time ..." from the engine's own measure (budget.py); None without one."""
+    if step_pct is None and threads_pct is None:
+        return None
+    said = "ptdash: " + ("N/A" if step_pct is None else f"{step_pct:.1f}% of step time")
+    if budget_pct is not None:
+        said += f" (budget {budget_pct:g}%)"
+    if threads_pct is not None:
+        said += f", its threads {threads_pct:.1f}% of a core"
+    return said
+
+
+def sampling_line(layers_every: float | None, doctor_every: float | None) -> str | None:
+    """Which series are sampled and how often; None when the engine did not say."""
+    if layers_every is None:
+        return None
+    k = int(layers_every)
+    said = ("per-layer norms and update ratios: every step" if k <= 1 else
+            f"sampled to stay within the budget: per-layer norms (and the total norm, unless the script "
+            f"clips) one step in {k}")
+    if doctor_every is not None:
+        said += f"; doctor checks and the step split one step in {int(doctor_every)}"
+    return said
+
+
+def cost(state: RunState) -> list[RenderableType]:
+    """ptdash's own cost, as the engine measures it, and what it samples to stay within its budget."""
+    head = cost_line(latest(state, "ptdash/step_pct"), latest(state, "ptdash/threads_pct"),
+                     latest(state, "ptdash/budget_pct"))
+    if head is None:
+        return []
+    every = latest(state, "ptdash/layers_every")
+    lines: list[RenderableType] = [Text(" ptdash's own cost", "bold underline"), Text(f" {head}")]
+    sampled = sampling_line(every, latest(state, "ptdash/doctor_every"))
+    if sampled:
+        lines.append(_note(sampled, "yellow" if every and every > 1 else "dim"))
+    share, budget = latest(state, "ptdash/step_pct"), latest(state, "ptdash/budget_pct")
+    if share is not None and budget is not None and share > budget and every is not None and every >= K_MAX:
+        lines.append(_note("over the budget at the sparsest sampling: what ptdash keeps every step (step count, "
+                           "loss, LRs, step time, commands) costs more than the budget on steps this short", "yellow"))
+    return lines
+
+
 # ---------------------------------------------------------------------------- OOM
 
 
@@ -244,6 +293,9 @@ def report(state: RunState, width: int) -> RenderableType:
     else:
         lines += [Text(" no CUDA device", "dim"), Text("")]
     lines += step_time(state, width)
+    spent = cost(state)
+    if spent:
+        lines += [Text("")] + spent
     if state.oom:
         lines += [Text("")] + oom(state)
     return Group(*lines)
