@@ -82,6 +82,9 @@ class RunConfig:
     steps: int | None = None
     """The run's length in optimizer steps (``--steps``), when its schedule does not say;
     only informs the display (the total, the ETA and how far the LR schedule is previewed)."""
+    pause_timeout: float | None = None
+    """Seconds a pause may last with nobody resuming it before the run stops cleanly
+    (None: it waits for as long as it takes)."""
 
     def __post_init__(self) -> None:
         _setting("clip", self.clip)
@@ -93,6 +96,7 @@ class RunConfig:
         _count("steps", self.steps, 1)
         _positive("stall_seconds", self.stall_seconds, allow_none=False)
         _positive("flush_interval", self.flush_interval, allow_none=False)
+        _positive("pause_timeout", self.pause_timeout)
         if self.on_anomaly not in ANOMALY_ACTIONS:
             raise ConfigError(f"on_anomaly must be one of {', '.join(ANOMALY_ACTIONS)}, got {self.on_anomaly!r}")
         if self.resume is not None and not isinstance(self.resume, str):
