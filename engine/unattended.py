@@ -10,13 +10,15 @@ key does: the step in progress finishes, a checkpoint is saved at the step bound
 within ``STOP_GRACE_S`` seconds of a SIGTERM (the script evaluates, loads data, or does
 not step at all), the engine stops the script between steps instead: it saves a
 checkpoint of the current state and raises ``StopTraining`` where the script is. 20 s
-fits inside the usual notice before SIGKILL (Slurm's KillWait and Kubernetes' grace
-period are 30 s by default). A second SIGTERM stops at once, without a checkpoint.
+(``PTDASH_STOP_GRACE``) fits inside the usual notice before SIGKILL (Slurm's KillWait and
+Kubernetes' grace period are 30 s by default). A second SIGTERM stops at once, without a
+checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -27,8 +29,17 @@ from .shared.protocol import Command
 
 log = logging.getLogger("ptdash.unattended")
 
-STOP_GRACE_S = 20.0
-"""Seconds a SIGTERM waits for a step boundary before the script is stopped between steps."""
+def _grace() -> float:
+    try:
+        value = float(os.environ.get("PTDASH_STOP_GRACE", "20"))
+    except ValueError:
+        return 20.0
+    return value if 0 < value < 86400 else 20.0
+
+
+STOP_GRACE_S = _grace()
+"""Seconds a SIGTERM waits for a step boundary before the script is stopped between steps
+(``PTDASH_STOP_GRACE`` sets it, for a scheduler whose notice is shorter or longer)."""
 
 
 class EarlySignals:

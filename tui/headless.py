@@ -38,6 +38,9 @@ from .series import StepRate
 
 SHOWN_KINDS = ("anomaly", "warning", "store", "disk", "oom", "stall", "doctor")
 """Events printed as they happen; the rest only reach the progress line's "last"."""
+REPEAT_S = 0.5
+"""A second SIGINT/SIGTERM this soon after the first is the same one: ``timeout`` and a
+terminal's process group deliver one stop twice at once. Later, a second one kills."""
 SLOW_RATE = 0.5
 """Below this many steps per second, the line shows seconds per step instead."""
 
@@ -80,10 +83,14 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
     ``pause_timeout`` is the run's, for the words about a pause.
     """
     front = FrontLink(link) if link is not None else None
-    signals = {"count": 0, "hangup": False}
+    signals = {"count": 0, "at": 0.0, "hangup": False}
 
     def on_stop(signum, _frame):
+        now = time.monotonic()
+        if signals["count"] and now - signals["at"] < REPEAT_S:
+            return  # the same stop, sent twice (``timeout`` signals the child and its group)
         signals["count"] += 1
+        signals["at"] = now
         name = "stop" if signals["count"] == 1 else "kill"
         # The command first: printing may fail (a closed pipe), the stop must not.
         try:
@@ -174,6 +181,8 @@ class _Watcher:
         self.disk_full = False
         """Whether the engine named a full disk: the store may then lag behind the run."""
         self._shown_step: int | None = None
+        self.unsaid_pause: Event | None = None
+        self.said_pauses: set[int | None] = set()
 
     def poll(self, progress: bool, final: bool = False) -> None:
         try:
@@ -188,7 +197,8 @@ class _Watcher:
         events = self.reader.events(after_id=self.after_id)
         for ev in events:
             self.after_id = max(self.after_id, ev.id or 0)
-            if ev.kind not in ("command", "checkpoint") or "stop" in ev.message:
+            if (ev.kind not in ("command", "checkpoint") or "stop" in ev.message) and not (
+                    ev.kind == "disk" and self.linked):
                 self.last = ev
             # A linked front has the disk notices from the link already, as they happened.
             shown = ev.kind in SHOWN_KINDS or (ev.kind == "run" and "stopping" in ev.message)
@@ -196,11 +206,18 @@ class _Watcher:
                 shown = False  # the pause's own lines say it
             if shown and not (ev.kind == "disk" and self.linked):
                 say(f"[ptdash] {ev.kind} at step {ev.step}: {ev.message}")
+            if ev.data.get("action") == "pause" and ev.step not in self.said_pauses:
+                self.unsaid_pause = ev
         if info.status == "paused" and self.paused_said != info.paused_at and not final:
             self.paused_said = info.paused_at
+            self.said_pauses.add(info.paused_at)
+            self.unsaid_pause = None
             say(pause_text(self.run_dir.resolve(), info, self._why(), self.pause_timeout))
         elif info.status != "paused":
             self.paused_said = None
+        if final and self.unsaid_pause is not None:  # a pause this front was too busy to see
+            ev, self.unsaid_pause = self.unsaid_pause, None
+            say(f"[ptdash] paused after step {ev.step}: {ev.message}")
         if progress and not final:
             line = progress_line(self.reader, info, self.last)
             step = self.reader.latest()[0]

@@ -3,10 +3,13 @@ cosine schedule, a print per step, and cleanup in ``finally`` (which must run ho
 job is ended: a finished loop, a scheduler's SIGTERM, a stop).
 
 ``--nan-at N`` plants a non-finite gradient at global step N (a bad batch); ``--sleep``
-makes each step take at least that long, so signals land mid-run.
+makes each step take at least that long, so signals land mid-run; ``--wait-for PATH``
+waits before step ``--wait-at`` until PATH exists (a test's stand-in for a job that runs
+long enough for something to happen to it, such as its disk filling up).
 """
 import argparse
 import math
+import os
 import time
 
 import torch
@@ -24,6 +27,8 @@ def parse_args():
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--nan-at", type=int, default=None)
     p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--wait-for", default=None)
+    p.add_argument("--wait-at", type=int, default=1)
     return p.parse_args()
 
 
@@ -47,6 +52,9 @@ def main():
     try:
         for epoch in range(args.epochs):
             for x, y in loader:
+                if args.wait_for and step + 1 == args.wait_at:
+                    while not os.path.exists(args.wait_for):
+                        time.sleep(0.05)
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 opt.zero_grad()
                 loss.backward()
