@@ -159,7 +159,7 @@ def main() -> int:
     guard.close()
     if relay is not None:
         relay.close()
-    unattended.finish(engine, run_dir, state, code, detail)
+    unattended.finish(engine, run_dir, state, code, detail, guard)
     if link is not None:
         link.close()
     del script_globals

@@ -12,13 +12,17 @@ not step at all), the engine stops the script between steps instead: it saves a
 checkpoint of the current state and raises ``StopTraining`` where the script is. 20 s
 (``PTDASH_STOP_GRACE``) fits inside the usual notice before SIGKILL (Slurm's KillWait and
 Kubernetes' grace period are 30 s by default). A second SIGTERM stops at once, without a
-checkpoint.
+checkpoint. A DataLoader worker forked from the training process ignores its first
+SIGTERM while the training process lives (a scheduler signals every process of the job,
+and the step in progress needs its batches); the run's end shuts the workers down
+(``guard_dataloader_workers``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import threading
 import time
@@ -42,15 +46,26 @@ STOP_GRACE_S = _grace()
 (``PTDASH_STOP_GRACE`` sets it, for a scheduler whose notice is shorter or longer)."""
 
 
+def multi_rank() -> bool:
+    """Whether this process is one rank of several started by a launcher (torchrun)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
 class EarlySignals:
     """SIGTERM before the engine is up (it imports torch for seconds): remembered, not fatal."""
 
     def __init__(self) -> None:
         self.terms = 0
+        self._previous = None
+        if multi_rank():
+            return  # a launcher's SIGTERM to its ranks keeps its meaning there (see Unattended)
         try:
             self._previous = signal.signal(signal.SIGTERM, self._on_term)
         except ValueError:  # not the main thread
-            self._previous = None
+            pass
 
     def _on_term(self, *_) -> None:
         self.terms += 1
@@ -64,29 +79,43 @@ class Unattended:
     ``submit(cmd)`` queues a command (Controls.submit); ``event(kind, message)`` journals;
     ``step()`` is the current step; ``in_step()`` whether an optimizer step is running;
     ``paused()`` whether the run is paused; ``save(step, reason)`` saves a checkpoint;
-    ``link`` is the headless front's link (or None); ``pause_timeout`` seconds, or None.
+    ``link`` is the headless front's link (or None); ``pause_timeout`` seconds, or None;
+    ``signals``: whether SIGTERM is handled here (not under DDP, where the launcher sends
+    SIGTERM to stop the ranks that survive a failed one, and a stop that needs every rank
+    could not finish).
+
+    The signal handler runs on the training thread wherever it is, possibly inside a lock
+    of ptdash's own: it only writes a byte to a pipe (or raises StopTraining); the watch
+    thread does the journaling and the asking.
     """
 
     def __init__(self, submit: Callable[[Command], None], event: Callable[..., object], step: Callable[[], int],
                  in_step: Callable[[], bool], paused: Callable[[], bool], save: Callable[[int, str], str],
-                 link=None, pause_timeout: float | None = None, early: EarlySignals | None = None) -> None:
+                 link=None, pause_timeout: float | None = None, early: EarlySignals | None = None,
+                 signals: bool = True) -> None:
         self._submit, self._event, self._step, self._in_step = submit, event, step, in_step
         self._paused, self._save, self.link, self.pause_timeout = paused, save, link, pause_timeout
         self.terms = 0
+        self.save_at_end = False
+        """Whether the script was stopped between steps: its checkpoint is saved once it has unwound."""
         self._stop_asked: str | None = None
         self._interrupt = False
         self._closed = threading.Event()
         self._grace: threading.Timer | None = None
         self._main = threading.main_thread().ident
-        self._previous = None
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._on_term)
-        except ValueError:
-            pass
-        if early is not None and early.terms:
+        self._pid = os.getpid()
+        self._kick_r, self._kick_w = os.pipe()
+        os.set_blocking(self._kick_w, False)
+        self.signals = signals
+        if signals:
+            try:
+                signal.signal(signal.SIGTERM, self._on_term)
+            except ValueError:
+                self.signals = False
+        if self.signals and early is not None and early.terms:
             self._on_term()
         self._thread = None
-        if link is not None or pause_timeout:
+        if link is not None or pause_timeout or self.signals:
             self._thread = threading.Thread(target=self._watch, name="ptdash-unattended", daemon=True)
             self._thread.start()
 
@@ -102,33 +131,49 @@ class Unattended:
         return True
 
     def _on_term(self, *_) -> None:
-        """SIGTERM (main thread): a clean stop, then a stop between steps after the grace period."""
+        """SIGTERM (training thread): ask the watch thread for a clean stop; after the grace
+        period, or on a second SIGTERM, stop the script where it is."""
+        if os.getpid() != self._pid:
+            self._in_forked_child()
+            return
         if self._closed.is_set():
             return
-        if self._interrupt:  # the grace period is over: stop here, between steps
+        if self._interrupt:  # the grace period is over
             self._interrupt = False
-            step = self._step()
-            try:
-                self._save(step, "stop")
-            except Exception as exc:  # noqa: BLE001 - the stop must still happen
-                self._event("warning", f"the checkpoint before stopping failed: {exc}")
+            if self._in_step():
+                return  # a step began after all: its boundary takes the stop
+            self.save_at_end = True
             raise StopTraining()
         self.terms += 1
+        self._kick(b"1" if self.terms == 1 else b"2")
         if self.terms > 1:
-            self._event("run", "a second SIGTERM: stopping now, without waiting for the step")
             raise StopTraining()
-        if self.stop("SIGTERM", "sigterm"):
-            at = self._step()
-            self._grace = threading.Timer(STOP_GRACE_S, self._grace_over, args=(at,))
+
+    def _in_forked_child(self) -> None:
+        """SIGTERM in a process the script forked (``multiprocessing`` with fork): what it
+        would be without ptdash (``Pool.terminate`` relies on it)."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _kick(self, byte: bytes) -> None:
+        try:
+            os.write(self._kick_w, byte)
+        except OSError:
+            pass
+
+    def _on_kick(self, data: bytes) -> None:
+        """What the signal handler asked for (watch thread)."""
+        if b"1" in data and self.stop("SIGTERM", "sigterm"):
+            self._grace = threading.Timer(STOP_GRACE_S, self._grace_over, args=(self._step(),))
             self._grace.daemon = True
             self._grace.start()
+        if b"2" in data:
+            self._event("run", "a second SIGTERM: stopping now, without waiting for the step")
 
     def _grace_over(self, at: int) -> None:
         """No step ended within the grace period: interrupt the script between steps."""
-        if self._closed.is_set() or self._step() != at or self._in_step():
-            return  # a step ended (the stop is under way), or one is mid-update: it will see the stop
-        if self._paused():
-            return  # the pause loop applies the stop itself
+        if self._closed.is_set() or self._step() != at or self._in_step() or self._paused():
+            return  # a step ended (the stop is under way), one is mid-update, or the pause loop has it
         self._event("run", f"no step ended within {STOP_GRACE_S:g} s of SIGTERM: stopping between steps")
         self._interrupt = True
         try:
@@ -136,24 +181,38 @@ class Unattended:
         except (OSError, ValueError):
             pass
 
+    def save_if_stopped_between_steps(self) -> None:
+        """After the script has unwound: the checkpoint of a stop between steps."""
+        if not self.save_at_end:
+            return
+        self.save_at_end = False
+        try:
+            self._save(self._step(), "stop")
+        except Exception as exc:  # noqa: BLE001 - the run must still finish
+            self._event("warning", f"the checkpoint of the stop between steps failed: {exc}")
+
     # ---------------------------------------------------------------- watch
 
     def _watch(self) -> None:
-        """The front's death and the pause timeout, checked about once a second."""
+        """Signals, the front's death and the pause timeout, checked about once a second."""
         paused_since: float | None = None
         link = self.link
         while not self._closed.is_set():
-            if link is not None:
-                word = link.watch(1.0)
+            waits = [self._kick_r] + ([link.sock] if link is not None else [])
+            try:
+                ready, _, _ = select.select(waits, [], [], 1.0)
+            except (OSError, ValueError):
+                return
+            if self._kick_r in ready:
+                self._on_kick(os.read(self._kick_r, 64))
+            if link is not None and link.sock in ready:
+                word = link.watch(0)
                 if word == "lost":
                     link = None
-                    if not self._closed.is_set():
-                        self.stop("the headless front went away without detaching", "front-lost")
+                    self.stop("the headless front went away without detaching", "front-lost")
                 elif word == "detached":
                     link = None
                     self._event("run", "the headless front detached: the run goes on by itself")
-            else:
-                self._closed.wait(1.0)
             if self.pause_timeout:
                 if self._paused():
                     paused_since = paused_since or time.monotonic()
@@ -168,10 +227,44 @@ class Unattended:
         self._closed.set()
         if self._grace is not None:
             self._grace.cancel()
-        try:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        except ValueError:
-            pass
+        if self.signals:
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            except ValueError:
+                pass
+        self._kick(b"0")  # wakes the watch thread to see it is closed
+
+
+def guard_dataloader_workers(patches) -> None:
+    """DataLoader workers outlive the first SIGTERM while the training process lives.
+
+    A scheduler that preempts a job signals every process of it; torch's workers then die
+    at once, and the training process raises "DataLoader worker ... is killed by signal"
+    mid-step, before its clean stop can save anything. With this, a worker ignores that
+    first SIGTERM; the run's stop then ends the workers as usual (the DataLoader's own
+    shutdown), and a second SIGTERM, or one after the training process has gone, ends a
+    worker as it always did. Forked workers only (spawned ones import torch afresh).
+    """
+    try:
+        from torch.utils.data._utils import signal_handling
+    except ImportError:
+        return
+    original = signal_handling._set_worker_signal_handlers
+
+    def set_worker_signal_handlers(*args, **kwargs):
+        original(*args, **kwargs)
+        parent, terms = os.getppid(), [0]
+
+        def on_term(signum, frame):
+            terms[0] += 1
+            if terms[0] > 1 or os.getppid() != parent:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_term)
+
+    set_worker_signal_handlers.__wrapped__ = original
+    patches.set(signal_handling, "_set_worker_signal_handlers", set_worker_signal_handlers)
 
 
 def attach(engine, link, early: EarlySignals | None) -> Unattended:
@@ -182,14 +275,21 @@ def attach(engine, link, early: EarlySignals | None) -> Unattended:
     if link is not None:
         diskspace.NOTICE.sinks.append(link.notice)
     hooks, controls = engine.hooks, engine.controls
+    signals = not (engine.dist.multi or multi_rank())
+    if signals:
+        guard_dataloader_workers(engine._patches)
     return Unattended(controls.submit, engine.journal.event, lambda: hooks.step, lambda: hooks._in_step,
                       lambda: controls.paused, engine.checkpointer.save, link=link,
-                      pause_timeout=engine.config.pause_timeout if engine.primary else None, early=early)
+                      pause_timeout=engine.config.pause_timeout if engine.primary else None, early=early,
+                      signals=signals)
 
 
-def finish(engine, run_dir, state: str, code: int, detail: str) -> None:
+def finish(engine, run_dir, state: str, code: int, detail: str, guard: Unattended | None = None) -> None:
     """``engine.finish`` that cannot fail: whatever goes wrong in it (a full disk), run.json
-    still ends in a final state; the exit status stays the script's (the caller's)."""
+    still ends in a final state; the exit status stays the script's (the caller's).
+    ``guard``'s stop between steps gets its checkpoint first."""
+    if guard is not None:
+        guard.save_if_stopped_between_steps()
     try:
         engine.finish(state, code, detail)
         return

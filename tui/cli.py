@@ -245,7 +245,9 @@ def launch(args: argparse.Namespace, target: list[str], name: str,
         where = f" ({exc.filename})" if exc.filename else ""
         raise CliError(f"cannot create the run dir: {exc.strerror or exc}{where}", 1) from None
     # The engine relays the script's output to output.log itself, so a full disk never fails a print.
-    env = dict(os.environ, PTDASH_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1", PTDASH_OUTPUT_RELAY="1")
+    env = dict(os.environ, PTDASH_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
+    if args.nproc_per_node == 1:
+        env["PTDASH_OUTPUT_RELAY"] = "1"
     pass_fds: tuple[int, ...] = ()
     if link is not None and args.nproc_per_node == 1:
         env[frontlink.ENV] = str(link.fileno())
