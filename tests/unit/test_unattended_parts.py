@@ -121,3 +121,24 @@ def test_killed_saves_temp_files_are_swept_in_the_run_and_its_siblings(tmp_path)
     for run in (this, other):
         assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [".step-8.pt.1.tmp", "step-6.pt"]
     assert sweep_temp_files(tmp_path / "missing") == []
+
+
+def test_pause_timeout_durations():
+    import argparse
+
+    import pytest
+
+    from ptdash.tui.cli import _duration_arg
+
+    assert [_duration_arg(t) for t in ("5", "90s", "30m", "2h", "1.5", "none", "off")] == \
+        [5.0, 90.0, 1800.0, 7200.0, 1.5, 0.0, 0.0]
+    for bad in ("", "-5", "0", "abc", "5x", "nan", "inf"):
+        with pytest.raises(argparse.ArgumentTypeError, match="takes a duration like 90, 30m or 2h"):
+            _duration_arg(bad)
+
+
+def test_a_command_without_any_terminal_has_none(tmp_path):
+    code = "from ptdash.tui.cli import has_terminal; print(has_terminal())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                         start_new_session=True, check=True)  # its own session: no controlling terminal
+    assert out.stdout.split() == ["False"]
