@@ -121,6 +121,8 @@ def main() -> int:
         engine.start()
     except Exception as exc:
         print(f"ptdash: {exc}", file=sys.stderr)
+        if relay is not None:
+            relay.close()
         if run_dir is not None and int(os.environ.get("RANK", 0)) == 0:
             rundir.update_info(run_dir, status="crashed", exit_code=1, error=str(exc))
         return 1

@@ -13,10 +13,15 @@ pipe's buffer before the script's writes wait, as a slow disk would.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import select
+import struct
 import sys
+import termios
 import threading
+import time
 
 from .shared import diskspace
 
@@ -42,6 +47,8 @@ class OutputRelay:
         os.dup2(write, 2)
         os.close(write)
         self._failing = False
+        self._lock = threading.Lock()
+        os.set_blocking(read, False)
         self._thread = threading.Thread(target=self._loop, name="ptdash-output", daemon=True)
         self._thread.start()
 
@@ -59,14 +66,23 @@ class OutputRelay:
     def _loop(self) -> None:
         while True:
             try:
-                data = os.read(self._read, 1 << 16)
+                select.select([self._read], [], [])
             except InterruptedError:
                 continue
-            except OSError:
+            except (OSError, ValueError):
                 return
-            if not data:
-                return
-            self._write(data)
+            # Read and written under the lock: close() then knows that an empty pipe
+            # means everything written before it has been handled.
+            with self._lock:
+                try:
+                    data = os.read(self._read, 1 << 16)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                self._write(data)
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -101,14 +117,28 @@ class OutputRelay:
                 pass
         os.dup2(self._log, 1)
         os.dup2(self._log, 2)
-        # End-of-file comes once every writer has closed; a process the script left
-        # running may still hold the pipe, so the wait is bounded.
-        self._thread.join(timeout)
+        # Copy what was written before now. End-of-file would wait for every writer, and a
+        # process the script left running (persistent DataLoader workers) may hold the
+        # pipe: the thread goes on copying what such a process writes later.
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            with self._lock:
+                if not _unread(self._read):
+                    break
+            time.sleep(0.005)
         if self.unwritten:
             diskspace.NOTICE.say(f"{diskspace.fmt_bytes(self.unwritten)} ({self.unwritten} bytes) of the script's "
                                  "output could not be written to output.log")
         if self.link is not None:
             self.link.flush()
+
+
+def _unread(fd: int) -> int:
+    """Bytes waiting in a pipe."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 class QuietFileHandler(logging.FileHandler):

@@ -12,10 +12,13 @@ not step at all), the engine stops the script between steps instead: it saves a
 checkpoint of the current state and raises ``StopTraining`` where the script is. 20 s
 (``PTDASH_STOP_GRACE``) fits inside the usual notice before SIGKILL (Slurm's KillWait and
 Kubernetes' grace period are 30 s by default). A second SIGTERM stops at once, without a
-checkpoint. A DataLoader worker forked from the training process ignores its first
-SIGTERM while the training process lives (a scheduler signals every process of the job,
-and the step in progress needs its batches); the run's end shuts the workers down
-(``guard_dataloader_workers``).
+checkpoint.
+
+Not covered: a SIGTERM sent to every process of the job when the script has DataLoader
+workers. torch's workers die on a SIGTERM from anyone but their parent, and the training
+process then raises "DataLoader worker ... is killed by signal" mid-step, before the
+stop is served (as it does under plain python). Keeping the workers alive would take
+the sender's pid, which a Python signal handler does not see.
 """
 
 from __future__ import annotations
@@ -235,38 +238,6 @@ class Unattended:
         self._kick(b"0")  # wakes the watch thread to see it is closed
 
 
-def guard_dataloader_workers(patches) -> None:
-    """DataLoader workers outlive the first SIGTERM while the training process lives.
-
-    A scheduler that preempts a job signals every process of it; torch's workers then die
-    at once, and the training process raises "DataLoader worker ... is killed by signal"
-    mid-step, before its clean stop can save anything. With this, a worker ignores that
-    first SIGTERM; the run's stop then ends the workers as usual (the DataLoader's own
-    shutdown), and a second SIGTERM, or one after the training process has gone, ends a
-    worker as it always did. Forked workers only (spawned ones import torch afresh).
-    """
-    try:
-        from torch.utils.data._utils import signal_handling
-    except ImportError:
-        return
-    original = signal_handling._set_worker_signal_handlers
-
-    def set_worker_signal_handlers(*args, **kwargs):
-        original(*args, **kwargs)
-        parent, terms = os.getppid(), [0]
-
-        def on_term(signum, frame):
-            terms[0] += 1
-            if terms[0] > 1 or os.getppid() != parent:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, on_term)
-
-    set_worker_signal_handlers.__wrapped__ = original
-    patches.set(signal_handling, "_set_worker_signal_handlers", set_worker_signal_handlers)
-
-
 def attach(engine, link, early: EarlySignals | None) -> Unattended:
     """Wire the stops to an engine that has started (the bootstrap calls this)."""
     from .shared import diskspace
@@ -276,8 +247,6 @@ def attach(engine, link, early: EarlySignals | None) -> Unattended:
         diskspace.NOTICE.sinks.append(link.notice)
     hooks, controls = engine.hooks, engine.controls
     signals = not (engine.dist.multi or multi_rank())
-    if signals:
-        guard_dataloader_workers(engine._patches)
     return Unattended(controls.submit, engine.journal.event, lambda: hooks.step, lambda: hooks._in_step,
                       lambda: controls.paused, engine.checkpointer.save, link=link,
                       pause_timeout=engine.config.pause_timeout if engine.primary else None, early=early,

@@ -28,7 +28,7 @@ from ptdash.shared import rundir
 from ptdash.shared.config import RunInfo
 from ptdash.shared.exits import describe_exit
 from ptdash.shared.frontlink import NOTICE, OUTPUT, FrontLink
-from ptdash.shared.protocol import Command, Event, TransportError
+from ptdash.shared.protocol import ENDED, Command, Event, TransportError
 from ptdash.shared.reader import StoreReader, wait_for_store
 from ptdash.shared.store import STORE_NAME
 
@@ -135,12 +135,28 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
         for sig, fn in previous.items():
             signal.signal(sig, fn)
     watcher.poll(True, final=True)
-    info = rundir.read_info(run_dir)
+    info = _ended(run_dir, code)
     with wait_for_store(run_dir / STORE_NAME, 1) or nullcontext() as reader:
         line = progress_line(reader, info) if reader else ""
     say(f"[ptdash] {info.status} ({describe_exit(code)}); {line.removeprefix('[ptdash] ')}"
         f"\n[ptdash] run dir: {run_dir}")
     return code
+
+
+def _ended(run_dir: Path, code: int) -> RunInfo:
+    """run.json once the engine has exited: an engine killed from outside (the OOM killer,
+    SIGKILL) could not say how it ended, so its parent says it."""
+    info = rundir.read_info(run_dir)
+    if info.status in ENDED:
+        return info
+    try:
+        info = rundir.update_info(run_dir, status="crashed", exit_code=code, ended=time.time(),
+                                  detail=f"the engine was {describe_exit(code)}" if code < 0 else
+                                  f"the engine exited with code {code} before recording how the run ended")
+        rundir.unregister(info.id)
+    except (OSError, ValueError):
+        pass
+    return info
 
 
 def _copy_new(path: Path, offset: int) -> int:

@@ -118,18 +118,6 @@ def test_sigterm_to_the_training_process_is_a_clean_stop_with_a_checkpoint(start
     assert all(torch.isfinite(t).all() for t in ckpt["models"]["Regressor"].values())
 
 
-def test_sigterm_to_every_process_of_the_job_with_dataloader_workers(started, tmp_path):
-    # Preemption signals the whole job: the training process and its DataLoader workers.
-    proc = started(args=(*LONG, "--workers", "2"))
-    wait_for(lambda: stored_step(proc.run_dir) >= 5, 180, what="step 5")
-    engine = rundir.read_info(proc.run_dir).pid
-    workers = wait_for(lambda: [p for p in processes_of(proc.run_dir) if p != engine], 60, what="the workers")
-    os.killpg(os.getpgid(engine), signal.SIGTERM)  # the engine's session: it and its workers
-    assert proc.wait(120) == 0
-    assert_stopped_cleanly(proc.run_dir, front_output(tmp_path))
-    assert workers and not processes_of(proc.run_dir)
-
-
 def test_ctrl_c_with_stdout_piped_into_a_reader_that_dies(started, tmp_path):
     reader = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=open(tmp_path / "reader.out", "wb"))
     proc = started(stdout=reader.stdin)
@@ -195,6 +183,15 @@ def test_a_killed_run_exits_137(started, tmp_path):
     assert proc.wait(60) == 137
     assert "killed by SIGKILL" in front_output(tmp_path)
     wait_for(lambda: not processes_of(proc.run_dir), 30, what="the killed run's processes to end")
+
+
+def test_an_engine_killed_from_outside_exits_137_and_says_so(started, tmp_path):
+    proc = started()
+    wait_for(lambda: stored_step(proc.run_dir) >= 3, 120, what="step 3")
+    os.kill(rundir.read_info(proc.run_dir).pid, signal.SIGKILL)  # the OOM killer, kill -9
+    assert proc.wait(60) == 137
+    info = rundir.read_info(proc.run_dir)
+    assert info.status == "crashed" and info.exit_code == -9 and info.detail == "the engine was killed by SIGKILL"
 
 
 def test_a_second_ctrl_c_kills(started, tmp_path):
