@@ -30,7 +30,9 @@ def setup_logging(run_dir: Path) -> None:
     path = run_dir / "engine.log"
     perms.touch(path)  # the run's file mode, not the umask's
     # What a peer sent can reach a log line: an unencodable character must not fail it.
-    handler = logging.FileHandler(path, errors="backslashreplace")
+    from .output import QuietFileHandler
+
+    handler = QuietFileHandler(path, errors="backslashreplace")  # a full disk drops records quietly
     handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s"))
     logger = logging.getLogger("ptdash")
     logger.addHandler(handler)
@@ -122,16 +124,24 @@ def _hand_down(primary: bool) -> None:
 
 
 def main() -> int:
+    from .unattended import EarlySignals
+
+    early = EarlySignals()  # a SIGTERM while torch imports is a stop, not a death
+    from . import unattended
     from .checkpoint import ResumeError
     from .controls import StopTraining
     from .engine import Engine
+    from .output import OutputRelay
     from .shared import rundir
+    from .shared.frontlink import EngineLink
 
     argv = sys.argv[1:]
     if not argv:
         print("usage: python -m ptdash.bootstrap [-m MODULE | SCRIPT] [ARGS...]", file=sys.stderr)
         return 2
     run_dir, config = _run_dir(argv)
+    link = EngineLink.from_env()
+    relay = OutputRelay.start(run_dir, link)
     try:
         engine = Engine(run_dir, config)
         if run_dir is not None:
@@ -139,9 +149,12 @@ def main() -> int:
         engine.start()
     except Exception as exc:
         print(f"ptdash: {exc}", file=sys.stderr)
+        if relay is not None:
+            relay.close()
         if run_dir is not None and int(os.environ.get("RANK", 0)) == 0:
             rundir.update_info(run_dir, status="crashed", exit_code=1, error=str(exc))
         return 1
+    guard = unattended.attach(engine, link, early)
     state, code, detail = "finished", 0, ""
     # The script's globals outlive it until the engine has finished, so a checkpoint due
     # at the very end still finds the model and optimizer.
@@ -173,7 +186,12 @@ def main() -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-    engine.finish(state, code, detail)
+    guard.close()
+    if relay is not None:
+        relay.close()
+    unattended.finish(engine, run_dir, state, code, detail, guard)
+    if link is not None:
+        link.close()
     del script_globals
     return code
 

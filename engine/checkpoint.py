@@ -22,7 +22,7 @@ import torch
 
 from .discovery import Discovery, model_names, unwrap
 from .invisible import own
-from .shared import perms
+from .shared import diskspace, perms
 
 FORMAT_VERSION = 1
 
@@ -204,6 +204,60 @@ def _load(what: str, obj, state) -> None:
 
 
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
+_TEMP_FILE = re.compile(r"^\.step-\d+\.pt\.(\d+)\.tmp$")
+SPACE_MARGIN = 1.05
+"""A checkpoint's tensors plus this share for the pickle around them: what a save needs free."""
+
+
+def needed_bytes(obj) -> int:
+    """About what ``torch.save(obj)`` writes: the bytes of every tensor in it (and a margin)."""
+    total, stack, seen = 0, [obj], set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            key = (storage.data_ptr(), storage.nbytes())
+            if key not in seen:  # views of one storage are saved once
+                seen.add(key)
+                total += storage.nbytes()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return int(total * SPACE_MARGIN) + 64 * 1024
+
+
+def sweep_temp_files(directory: Path) -> list[Path]:
+    """Remove the temp files of saves that were killed mid-write (their process is gone)."""
+    from .shared.rundir import pid_alive
+
+    removed = []
+    try:
+        entries = list(Path(directory).iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        m = _TEMP_FILE.match(path.name)
+        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
+            try:
+                if path.stat().st_uid == os.getuid():
+                    path.unlink()
+                    removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
+def sweep_runs(run_dir: Path) -> list[Path]:
+    """At a run's start: the killed saves' temp files in this run and in its sibling runs."""
+    removed = sweep_temp_files(Path(run_dir) / "checkpoints")
+    try:
+        siblings = [p for p in Path(run_dir).parent.iterdir() if p != Path(run_dir) and (p / "run.json").exists()]
+    except OSError:
+        siblings = []
+    for sibling in siblings[:1000]:
+        removed += sweep_temp_files(sibling / "checkpoints")
+    return removed
 
 
 def prune(directory: Path, keep_last: int) -> list[Path]:
@@ -237,6 +291,8 @@ class Checkpointer:
         """The step a resumed run continues from (0 when not resuming)."""
         self.asked = False
         """Whether the script asked for ``ptdash.start_step()`` (it then continues exactly)."""
+        self.swept = sweep_runs(run_dir) if run_dir is not None else []
+        """Temp files of killed saves removed at the start."""
 
     def save(self, step: int, reason: str) -> str:
         """Save now (training thread, every rank); return a one-line summary (rank 0's)."""
@@ -256,13 +312,50 @@ class Checkpointer:
                      "controls": {"clip": self._settings.clip, "lr_scale": self._settings.lr_scale},
                      "journal": [e for e in self._journal.commands()]})
         path = self.run_dir / "checkpoints" / f"step-{step}.pt"
-        size = save_atomic(obj, path)
+        perms.make_dir(path.parent)
+        sweep_temp_files(path.parent)
+        self._make_room(path.parent, needed_bytes(obj))
+        try:
+            size = save_atomic(obj, path)
+        except Exception as exc:
+            needed = needed_bytes(obj)
+            free = diskspace.free_bytes(path.parent)
+            if diskspace.is_full(exc) or (free is not None and free < needed):
+                raise CheckpointError(self._no_space(free, needed)) from None
+            raise
         seconds = time.perf_counter() - t0
         if self._config.keep_last:
             prune(path.parent, self._config.keep_last)
+        diskspace.NOTICE.room_again()
         summary = f"saved {path} ({size / 1e6:.1f} MB in {seconds:.2f} s)"
         self._journal.event("checkpoint", summary, path=str(path), bytes=size, seconds=seconds, reason=reason)
         return summary
+
+    def _make_room(self, directory: Path, needed: int) -> None:
+        """Before a save: is there room for it? ``--keep-last`` pruning is tried first (down
+        to one fewer, the new one makes up the count); a save that cannot fit is not started,
+        so it never fills the disk that the script's output and the store also need."""
+        free = diskspace.free_bytes(directory)
+        if free is None or free >= needed:
+            return
+        keep = self._config.keep_last
+        if keep:
+            # With --keep-last 1 the one kept goes only once the new one is safely written.
+            removed = prune(directory, keep - 1) if keep > 1 else []
+            if removed:
+                self._journal.event("checkpoint", f"removed {len(removed)} older checkpoint(s) before saving, "
+                                    f"to make room (--keep-last {keep})", removed=[str(p) for p in removed])
+            free = diskspace.free_bytes(directory)
+            if free is None or free >= needed:
+                return
+        raise CheckpointError(self._no_space(free, needed))
+
+    def _no_space(self, free: int | None, needed: int) -> str:
+        """The one plain line about a full disk (said once as a notice, then short)."""
+        what = f"checkpoint needs {diskspace.fmt_bytes(needed)}"
+        if diskspace.NOTICE.full(self.run_dir, what):
+            return f"no space left on the run dir's filesystem: {diskspace.fmt_bytes(free)} free, {what}"
+        return f"not saved: the run dir's filesystem is still full ({diskspace.fmt_bytes(free)} free, {what})"
 
     def due(self, step: int) -> bool:
         """Whether ``--checkpoint-every`` asks for a save after step ``step``."""

@@ -21,19 +21,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from ptdash.shared import __version__, perms, rundir
+from ptdash.shared import __version__, frontlink, perms, rundir
 from ptdash.shared.config import ConfigError, RunConfig
+from ptdash.shared.exits import shell_status
 from ptdash.shared.limits import parse_positive, parse_setting
 from ptdash.shared.protocol import TransportError
 
 from . import checks, runs, subcommands
 from .ctl import cmd_ctl
 from .errors import CliError
-from .headless import headless
+from .headless import headless, say
 from .ls import cmd_ls
 
 SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor", "export")
@@ -72,6 +74,10 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-anomaly", choices=("pause", "skip", "warn"), default="pause",
                    help="on a non-finite loss or gradient: pause before the update (default), skip the "
                         "update, or only warn")
+    p.add_argument("--pause-timeout", type=_duration_arg, metavar="DURATION",
+                   help="stop cleanly (with a checkpoint) when a pause lasts DURATION with nobody resuming it: "
+                        "seconds, or 30m, 2h; 'none' waits for ever (default: 30m for a headless run with no "
+                        "terminal, none otherwise)")
     p.add_argument("--profile-steps", type=_steps_arg, metavar="A:B",
                    help="profile optimizer steps A to B with torch.profiler")
     p.add_argument("--memory-history", action="store_true",
@@ -133,6 +139,35 @@ def _steps_arg(text: str) -> tuple[int, int]:
     return a, b
 
 
+NO_TERMINAL_PAUSE_TIMEOUT = 30 * 60.0
+"""The pause timeout of a headless run with no terminal attached (a batch job, CI)."""
+
+
+def _duration_arg(text: str) -> float:
+    """``--pause-timeout``: seconds (``90``, ``90s``), minutes or hours; 0 for ``none``."""
+    if text.strip().lower() in ("none", "off", "never"):
+        return 0.0
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text[-1:] in units:
+            return parse_positive(text[:-1], "duration") * units[text[-1]]
+        return parse_positive(text, "duration")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a duration like 90, 30m or 2h (or none), got {text[:32]!r}") from None
+
+
+def has_terminal() -> bool:
+    """Whether a person may be at a terminal of this command: a standard stream is one,
+    or the process has a controlling terminal."""
+    if any(os.isatty(fd) for fd in (0, 1, 2)):
+        return True
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        return False
+    return True
+
+
 def _every_arg(text: str) -> tuple[str, float]:
     units = {"s": 1, "m": 60, "h": 3600}
     try:
@@ -171,8 +206,10 @@ def _check_target(target: list[str], module: str | None) -> tuple[list[str], str
     return list(target), path.stem
 
 
-def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path, subprocess.Popen]:
-    """Create the run dir and start the engine in its own session."""
+def launch(args: argparse.Namespace, target: list[str], name: str,
+           link: socket.socket | None = None) -> tuple[Path, subprocess.Popen]:
+    """Create the run dir and start the engine in its own session; ``link`` is the engine's
+    end of a headless front's link (see shared/frontlink.py)."""
     every = {}
     if args.checkpoint_every:
         kind, value = args.checkpoint_every
@@ -186,7 +223,8 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
             on_anomaly=args.on_anomaly, profile_steps=args.profile_steps, memory_history=args.memory_history,
             update_ratio_every=args.update_ratio_every, stall_seconds=args.stall_timeout,
             detect_anomaly=args.detect_anomaly, steps=args.steps,
-            overhead_budget=args.overhead_budget, **every)
+            overhead_budget=args.overhead_budget,
+            pause_timeout=getattr(args, "pause_timeout", None) or None, **every)
     except ConfigError as exc:
         raise CliError(str(exc), 2) from None
     try:
@@ -209,7 +247,14 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
     except OSError as exc:  # what the checks could not foresee (a full disk, a race)
         where = f" ({exc.filename})" if exc.filename else ""
         raise CliError(f"cannot create the run dir: {exc.strerror or exc}{where}", 1) from None
+    # The engine relays the script's output to output.log itself, so a full disk never fails a print.
     env = dict(os.environ, PTDASH_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
+    if args.nproc_per_node == 1:
+        env["PTDASH_OUTPUT_RELAY"] = "1"
+    pass_fds: tuple[int, ...] = ()
+    if link is not None and args.nproc_per_node == 1:
+        env[frontlink.ENV] = str(link.fileno())
+        pass_fds = (link.fileno(),)
     output = os.fdopen(perms.open_file(run_dir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
     if args.nproc_per_node > 1:
         command = [sys.executable, "-m", "ptdash.launch", "--nproc-per-node", str(args.nproc_per_node), "--", *target]
@@ -217,7 +262,7 @@ def launch(args: argparse.Namespace, target: list[str], name: str) -> tuple[Path
         command = [sys.executable, "-m", "ptdash.bootstrap", *target]
     proc = subprocess.Popen(
         command,
-        stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env,
+        stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env, pass_fds=pass_fds,
         # Its own session: closing the terminal (SIGHUP) or Ctrl-C here never reaches training.
         start_new_session=True)
     output.close()
@@ -252,7 +297,7 @@ def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True, c
         if result == "stop":
             print("Stopping training cleanly...", flush=True)
         if result in ("stop", "closed") or proc.poll() is not None:
-            return proc.wait()
+            return shell_status(proc.wait())
     info = rundir.read_info(run_dir)
     return int(info.exit_code or 0)
 
@@ -353,11 +398,21 @@ def _main(argv: list[str]) -> int:
                 else [*options, demo.origin, *rest]
     args = _run_parser().parse_args(argv)
     target, name = _check_target(args.target, args.module)
-    run_dir, proc = launch(args, target, name)
-    if args.headless or not sys.stdout.isatty():
-        print(f"[ptdash] run dir: {run_dir}", flush=True)
-        return headless(run_dir, proc)
-    return dashboard(run_dir, proc)
+    if not (args.headless or not sys.stdout.isatty()):
+        return dashboard(*launch(args, target, name))
+    if args.pause_timeout is None and not has_terminal():
+        args.pause_timeout = NO_TERMINAL_PAUSE_TIMEOUT  # a batch job must not wait for ever
+    # The link tells the engine when this front dies without detaching (see headless.py).
+    front, engine_end = frontlink.pair()
+    try:
+        run_dir, proc = launch(args, target, name, link=engine_end)
+    finally:
+        engine_end.close()
+    if args.nproc_per_node > 1:
+        front.close()
+        front = None
+    say(f"[ptdash] run dir: {run_dir}")
+    return shell_status(headless(run_dir, proc, link=front, pause_timeout=args.pause_timeout or None))
 
 
 if __name__ == "__main__":

@@ -2,12 +2,21 @@
 
 What ``ptdash`` does when stdout is not a terminal (CI, a batch job, ``| tee``) or with
 ``--headless``: it copies output.log to stdout, prints a progress line read from the
-store, and turns Ctrl-C into a clean stop (a second one kills).
+store, says plainly what needs a person (an anomaly pause: what, where, and the commands
+that answer it; a full disk), and waits for the run to end.
+
+Signals mean what they mean elsewhere: SIGINT (Ctrl-C) and SIGTERM (``timeout``, a batch
+scheduler) stop the run cleanly, with a checkpoint; a second one kills it. SIGHUP (the
+terminal went away) detaches: the run goes on by itself. A front that dies any other way
+(SIGKILL, a crash) closes its link and the engine stops the run cleanly. Output errors
+(a closed pipe) never stop any of this: the front then only stops printing.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +27,8 @@ from pathlib import Path
 from ptdash.shared import rundir
 from ptdash.shared.config import RunInfo
 from ptdash.shared.exits import describe_exit
-from ptdash.shared.protocol import Command, TransportError
+from ptdash.shared.frontlink import NOTICE, OUTPUT, FrontLink
+from ptdash.shared.protocol import ENDED, Command, Event, TransportError
 from ptdash.shared.reader import StoreReader, wait_for_store
 from ptdash.shared.store import STORE_NAME
 
@@ -26,49 +36,127 @@ from .ctl import send_command
 from .fmt import eta, fmt_duration
 from .series import StepRate
 
+SHOWN_KINDS = ("anomaly", "warning", "store", "disk", "oom", "stall", "doctor")
+"""Events printed as they happen; the rest only reach the progress line's "last"."""
+REPEAT_S = 0.5
+"""A second SIGINT/SIGTERM this soon after the first is the same one: ``timeout`` and a
+terminal's process group deliver one stop twice at once. Later, a second one kills."""
+SLOW_RATE = 0.5
+"""Below this many steps per second, the line shows seconds per step instead."""
 
-def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0) -> int:
-    """Stream the script's output, print a progress line every ``every`` s, return its exit code.
 
-    Ctrl-C asks the engine to stop cleanly; a second Ctrl-C kills it.
+class _Out:
+    """stdout that never raises: a reader that went away (``| head``, a dead ``tee``)
+    turns the printing off, never the run's stop."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def write(self, data: bytes) -> None:
+        if self.broken or not data:
+            return
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            self.broken = True
+            try:  # what is still buffered would raise again at exit
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except OSError:
+                pass
+
+
+OUT = _Out()
+
+
+def say(line: str) -> None:
+    """Print one of ptdash's lines (never raises)."""
+    OUT.write((line + "\n").encode("utf-8", "backslashreplace"))
+
+
+def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: socket.socket | None = None,
+             pause_timeout: float | None = None) -> int:
+    """Stream the script's output, print a progress line every ``every`` s, return its exit code
+    (negative: the signal that ended it, as subprocess reports it).
+
+    ``link`` is the front's end of the engine's link (shared/frontlink.py);
+    ``pause_timeout`` is the run's, for the words about a pause.
     """
-    interrupts = 0
+    front = FrontLink(link) if link is not None else None
+    signals = {"count": 0, "at": 0.0, "hangup": False}
 
-    def on_sigint(*_):
-        nonlocal interrupts
-        interrupts += 1
-        name = "stop" if interrupts == 1 else "kill"
-        print(f"\n[ptdash] {'stopping cleanly (Ctrl-C again to kill)' if name == 'stop' else 'killing'}",
-              flush=True)
+    def on_stop(signum, _frame):
+        now = time.monotonic()
+        if signals["count"] and now - signals["at"] < REPEAT_S:
+            return  # the same stop, sent twice (``timeout`` signals the child and its group)
+        signals["count"] += 1
+        signals["at"] = now
+        name = "stop" if signals["count"] == 1 else "kill"
+        # The command first: printing may fail (a closed pipe), the stop must not.
         try:
             send_command(run_dir, Command(id=uuid.uuid4().hex[:8], name=name), wait=False)
-        except (TransportError, OSError):
-            proc.kill()
+        except (TransportError, OSError, ValueError):
+            try:  # no socket yet (the engine is still starting): the engine stops on SIGTERM too
+                proc.send_signal(signal.SIGTERM if name == "stop" else signal.SIGKILL)
+            except OSError:
+                pass
+        what = signal.Signals(signum).name
+        say(f"\n[ptdash] {what}: stopping cleanly after this step, with a checkpoint ({what} again to kill)"
+            if name == "stop" else f"\n[ptdash] {what} again: killing the run")
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    def on_hangup(*_):
+        signals["hangup"] = True
+
+    handlers = {signal.SIGINT: on_stop, signal.SIGTERM: on_stop, signal.SIGHUP: on_hangup}
+    previous = {sig: signal.signal(sig, fn) for sig, fn in handlers.items()}
     log_path = run_dir / "output.log"
     offset, last_progress = 0, time.monotonic()
-    reader = None
+    watcher = _Watcher(run_dir, pause_timeout, front is not None)
     try:
         while True:
             code = proc.poll()
             offset = _copy_new(log_path, offset)
+            if front is not None:
+                watcher.disk_full |= _print_frames(front)
             if code is not None:
                 break
-            if time.monotonic() - last_progress >= every:
-                reader = reader or wait_for_store(run_dir / STORE_NAME, 0)
-                if reader is not None:
-                    print(progress_line(reader, rundir.read_info(run_dir)), flush=True)
+            if signals["hangup"]:
+                if front is not None:
+                    front.detach()
+                say(f"[ptdash] the terminal went away: training goes on by itself; watch it with: "
+                    f"ptdash attach {run_dir}")
+                return -signal.SIGHUP
+            due = time.monotonic() - last_progress >= every
+            watcher.poll(due)
+            if due:
                 last_progress = time.monotonic()
             time.sleep(0.2)
     finally:
-        signal.signal(signal.SIGINT, previous)
-    info = rundir.read_info(run_dir)
+        for sig, fn in previous.items():
+            signal.signal(sig, fn)
+    watcher.poll(True, final=True)
+    info = _ended(run_dir, code)
     with wait_for_store(run_dir / STORE_NAME, 1) or nullcontext() as reader:
         line = progress_line(reader, info) if reader else ""
-    print(f"[ptdash] {info.status} ({describe_exit(code)}); {line.removeprefix('[ptdash] ')}"
-          f"\n[ptdash] run dir: {run_dir}", flush=True)
+    say(f"[ptdash] {info.status} ({describe_exit(code)}); {line.removeprefix('[ptdash] ')}"
+        f"\n[ptdash] run dir: {run_dir}")
     return code
+
+
+def _ended(run_dir: Path, code: int) -> RunInfo:
+    """run.json once the engine has exited: an engine killed from outside (the OOM killer,
+    SIGKILL) could not say how it ended, so its parent says it."""
+    info = rundir.read_info(run_dir)
+    if info.status in ENDED:
+        return info
+    try:
+        info = rundir.update_info(run_dir, status="crashed", exit_code=code, ended=time.time(),
+                                  detail=f"the engine was {describe_exit(code)}" if code < 0 else
+                                  f"the engine exited with code {code} before recording how the run ended")
+        rundir.unregister(info.id)
+    except (OSError, ValueError):
+        pass
+    return info
 
 
 def _copy_new(path: Path, offset: int) -> int:
@@ -78,24 +166,120 @@ def _copy_new(path: Path, offset: int) -> int:
             data = f.read()
     except FileNotFoundError:
         return offset
-    if data:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
+    OUT.write(data)
     return offset + len(data)
 
 
-def progress_line(reader: StoreReader, info: RunInfo) -> str:
-    """``[ptdash] step 1200/2000 | loss 2.3456 | lr 3.00e-04 | 12.3 steps/s | ETA 1m05s``.
+def _print_frames(front: FrontLink) -> bool:
+    """What the engine sent over the link: output the disk could not take, and notices.
+    Returns whether one named a full disk."""
+    full = False
+    for kind, payload in front.frames():
+        if kind == OUTPUT:
+            OUT.write(payload)
+        elif kind == NOTICE:
+            text = payload.decode("utf-8", "replace")
+            full |= text.startswith("no space left")
+            say(f"[ptdash] {text}")
+    return full
 
-    The rate leaves out the time the run was paused; the total is run.json's, else the
-    end of the stored LR schedule.
+
+class _Watcher:
+    """Reads the store and run.json as the run goes: events worth a line, a pause and how
+    to answer it, and the progress line when it is due."""
+
+    def __init__(self, run_dir: Path, pause_timeout: float | None, linked: bool) -> None:
+        self.run_dir, self.pause_timeout, self.linked = run_dir, pause_timeout, linked
+        self.reader: StoreReader | None = None
+        self.after_id = 0
+        self.paused_said: int | None = None
+        self.last: Event | None = None
+        self.disk_full = False
+        """Whether the engine named a full disk: the store may then lag behind the run."""
+        self._shown_step: int | None = None
+        self.unsaid_pause: Event | None = None
+        self.said_pauses: set[int | None] = set()
+
+    def poll(self, progress: bool, final: bool = False) -> None:
+        try:
+            info = rundir.read_info(self.run_dir)
+        except (OSError, ValueError):
+            return
+        if not (progress or info.status == "paused" or final):
+            return
+        self.reader = self.reader or wait_for_store(self.run_dir / STORE_NAME, 0)
+        if self.reader is None:
+            return
+        events = self.reader.events(after_id=self.after_id)
+        for ev in events:
+            self.after_id = max(self.after_id, ev.id or 0)
+            if (ev.kind not in ("command", "checkpoint") or "stop" in ev.message) and not (
+                    ev.kind == "disk" and self.linked):
+                self.last = ev
+            # A linked front has the disk notices from the link already, as they happened.
+            shown = ev.kind in SHOWN_KINDS or (ev.kind == "run" and "stopping" in ev.message)
+            if ev.data.get("action") == "pause" and info.status == "paused":
+                shown = False  # the pause's own lines say it
+            if shown and not (ev.kind == "disk" and self.linked):
+                say(f"[ptdash] {ev.kind} at step {ev.step}: {ev.message}")
+            if ev.data.get("action") == "pause" and ev.step not in self.said_pauses:
+                self.unsaid_pause = ev
+        if info.status == "paused" and self.paused_said != info.paused_at and not final:
+            self.paused_said = info.paused_at
+            self.said_pauses.add(info.paused_at)
+            self.unsaid_pause = None
+            say(pause_text(self.run_dir.resolve(), info, self._why(), self.pause_timeout))
+        elif info.status != "paused":
+            self.paused_said = None
+        if final and self.unsaid_pause is not None:  # a pause this front was too busy to see
+            ev, self.unsaid_pause = self.unsaid_pause, None
+            say(f"[ptdash] paused after step {ev.step}: {ev.message}")
+        if progress and not final:
+            line = progress_line(self.reader, info, self.last)
+            step = self.reader.latest()[0]
+            if self.disk_full and step is not None and step == self._shown_step and info.status == "running":
+                line += " | (the disk is full: the stored history lags behind the run)"
+            self._shown_step = step
+            say(line)
+
+    def _why(self) -> Event | None:
+        anomalies = self.reader.events(kind="anomaly") if self.reader else []
+        return anomalies[-1] if anomalies else None
+
+
+def pause_text(run_dir: Path, info: RunInfo, why: Event | None, timeout: float | None) -> str:
+    """What a pause needs from a person, in plain lines: what, where, and the commands."""
+    reason = why.message if why is not None else "paused on request"
+    layer = why.data.get("layer") if why is not None else None
+    lines = [f"[ptdash] paused after step {info.paused_at}: {reason}"]
+    if layer:
+        lines.append(f"[ptdash]   layer: {layer}")
+    resume = "resume (the non-finite update is skipped)" if why is not None else "resume"
+    lines += [f"[ptdash]   {resume}:  ptdash ctl {run_dir} resume",
+              f"[ptdash]   stop, with a checkpoint:  ptdash ctl {run_dir} stop",
+              "[ptdash]   skip such updates without pausing next time:  ptdash --on-anomaly skip ..."]
+    if timeout:
+        lines.append(f"[ptdash]   nobody resuming: it stops by itself after {fmt_duration(timeout)} paused "
+                     "(--pause-timeout)")
+    return "\n".join(lines)
+
+
+def progress_line(reader: StoreReader, info: RunInfo, last: Event | None = None) -> str:
+    """``[ptdash] running | step 1200/2000 | loss 2.3456 | lr 3.00e-04 | 12.3 steps/s | ETA 1m05s | last: ...``.
+
+    The rate leaves out the time the run was paused; below SLOW_RATE steps a second it is
+    seconds per step. The total is run.json's, else the end of the stored LR schedule.
     """
     step, values = reader.latest()
     if step is None:
-        return f"[ptdash] {info.status}: no step yet"
+        return f"[ptdash] {info.status}: no step yet" + (f" | last: {_short(last.message)}" if last else "")
     schedule = reader.schedule()
     total = info.total_steps or info.config.steps or (schedule.end if schedule is not None else None)
-    parts = [f"step {step}/{total}" if total else f"step {step}"]
+    # A store that lags (a full disk) has older values than run.json's step: say both.
+    newest = info.step if isinstance(info.step, int) and info.step > step else step
+    parts = [info.status, f"step {newest}/{total}" if total else f"step {newest}"]
+    if newest > step:
+        parts.append(f"history stored to step {step}")
     if values.get("loss") is not None:
         parts.append(f"loss {values['loss']:.4f}")
     if values.get("opt/lr/group0") is not None:
@@ -110,8 +294,15 @@ def progress_line(reader: StoreReader, info: RunInfo) -> str:
             (rate.pause if event.data["name"] == "pause" else rate.resume)(event.wall)
     per_s = rate.rate()
     if per_s is not None:
-        parts.append(f"{per_s:.1f} steps/s")
+        parts.append(f"{per_s:.1f} steps/s" if per_s >= SLOW_RATE else f"{1 / per_s:.1f} s/step")
         left = eta(step, total, per_s)
         if left is not None and info.status == "running":
             parts.append(f"ETA {fmt_duration(left)}")
+    if last is not None:
+        parts.append(f"last: {_short(last.message)}")
     return "[ptdash] " + " | ".join(parts)
+
+
+def _short(text: str, width: int = 72) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= width else line[:width - 1] + "…"

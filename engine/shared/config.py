@@ -85,6 +85,9 @@ class RunConfig:
     steps: int | None = None
     """The run's length in optimizer steps (``--steps``), when its schedule does not say;
     only informs the display (the total, the ETA and how far the LR schedule is previewed)."""
+    pause_timeout: float | None = None
+    """Seconds a pause may last with nobody resuming it before the run stops cleanly
+    (None: it waits for as long as it takes)."""
 
     def __post_init__(self) -> None:
         _setting("clip", self.clip)
@@ -99,6 +102,7 @@ class RunConfig:
         _positive("overhead_budget", self.overhead_budget, allow_none=False)
         if self.overhead_budget > 100:
             raise ConfigError(f"overhead_budget is a percentage, at most 100, got {self.overhead_budget!r}")
+        _positive("pause_timeout", self.pause_timeout)
         if self.on_anomaly not in ANOMALY_ACTIONS:
             raise ConfigError(f"on_anomaly must be one of {', '.join(ANOMALY_ACTIONS)}, got {self.on_anomaly!r}")
         if self.resume is not None and not isinstance(self.resume, str):

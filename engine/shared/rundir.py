@@ -34,9 +34,10 @@ import threading
 import time
 from pathlib import Path
 
-from . import perms
+from . import diskspace, perms
 from .config import ConfigError, RunInfo
 from .private import private_dir
+from .protocol import ENDED
 
 DEFAULT_ROOT = "ptdash-runs"
 RUN_JSON = "run.json"
@@ -73,6 +74,7 @@ def create(root: Path, name: str, exact: bool = False, group: int | None = None,
     info = RunInfo(id=run_id, name=name, run_dir=str(path.resolve()), socket=str(sockets / f"{run_id}.sock"),
                    host=socket.gethostname(), user_uid=os.getuid(), created=time.time(), **fields)
     write_info(path, info)
+    diskspace.make_reserve(path)
     record(run_id, path)
     return path
 
@@ -93,12 +95,35 @@ def read_info(run_dir: Path) -> RunInfo:
 
 
 def write_info(run_dir: Path, info: RunInfo) -> None:
-    """Replace run.json atomically, so a reader never sees half of it."""
+    """Replace run.json atomically, so a reader never sees half of it.
+
+    The run's last write (an ended state with its end time) on a full disk gives back the
+    run dir's reserve (diskspace.RESERVE) and tries again: a run must always be able to
+    say how it ended. Earlier writes leave the reserve for that one.
+    """
     path = Path(run_dir) / RUN_JSON
+    text = json.dumps(info.to_json(), indent=2, default=str)
+    last = info.status in ENDED and info.ended is not None
+    try:
+        _replace(path, text)
+    except OSError as exc:
+        if not (last and diskspace.is_full(exc) and diskspace.release_reserve(run_dir)):
+            raise
+        _replace(path, text)
+    if last:
+        diskspace.release_reserve(run_dir)
+
+
+def _replace(path: Path, text: str) -> None:
+    # Per thread: the engine's threads each write run.json (update_info serialises them).
     tmp = path.with_name(f".{RUN_JSON}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with os.fdopen(perms.open_file(tmp), "w") as f:
-        f.write(json.dumps(info.to_json(), indent=2, default=str))
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(perms.open_file(tmp), "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not also leave a half-written temp file
+        raise
 
 
 def update_info(run_dir: Path, **changes) -> RunInfo:

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import perms
+from . import diskspace, perms
 from .decimate import merge_point
 from .numbers import json_safe
 from .protocol import Event, LayerNames, Layers, Schedule
@@ -129,6 +129,8 @@ class StoreWriter:
         self._last: dict[tuple[int, int], float] = {}
         """Newest stored step of each (name id, rank): older steps are rewrites."""
         self._backlog: list[_Part] = []
+        self._meta: dict[str, str] = {}
+        """Metadata that waits for a retry."""
         self._notes: list[str] = []
         self._behind = False
         """Whether items wait for a retry (said once when it starts, once when it ends)."""
@@ -136,6 +138,8 @@ class StoreWriter:
         """Items dropped because the database can never hold them."""
         self.lost = 0
         """Items dropped because the database could not be written for too long."""
+        self.unwritten = 0
+        """Items still unwritten when the writer closed (the disk stayed full)."""
 
     def _name_id(self, name: str) -> int:
         id_ = self._name_ids.get(name)
@@ -180,9 +184,10 @@ class StoreWriter:
             except Exception as exc:  # noqa: BLE001 - a bad item: find it, keep the rest
                 self._write_each(part, exc, stuck)
         self._trim_backlog()
-        if self._behind and not self._backlog:
+        self._write_meta()
+        if self._behind and not self._backlog and not self._meta:
             self._notes.append("caught up: everything kept for a retry is written")
-        self._behind = bool(self._backlog)
+        self._behind = bool(self._backlog or self._meta)
 
     def take_notes(self) -> list[str]:
         """What went wrong (or right again) since the last call, one line each, for the journal
@@ -235,6 +240,9 @@ class StoreWriter:
             log.warning("store: %d %s item(s) refused: %s", bad, part.kind, first)
 
     def _keep(self, part: _Part, exc: Exception) -> None:
+        if not self._behind and diskspace.is_full(exc):
+            diskspace.NOTICE.full(self.path.parent, "the metrics store cannot be written: what it cannot take "
+                                                    "is kept in memory and written when there is room")
         if not self._behind:
             self._notes.append(f"cannot write now ({exc}); "
                                "what it could not take is kept and retried")
@@ -244,12 +252,16 @@ class StoreWriter:
 
     def _trim_backlog(self) -> None:
         """A store that stays unwritable (a full disk for hours) keeps the newest items only."""
-        lost = 0
+        lost, steps = 0, []
         while self._backlog and self.pending > BACKLOG_ITEMS:
-            lost += self._backlog.pop(0).size
+            part = self._backlog.pop(0)
+            lost += part.size
+            if part.kind == "scalars":
+                steps += [row[0] for row in part.items]
         if lost:
             self.lost += lost
-            self._notes.append(f"could not be written for too long: {lost} older items were lost")
+            gap = f"; the history has a gap: steps {min(steps)} to {max(steps)}" if steps else ""
+            self._notes.append(f"could not be written for too long: {lost} older items were lost{gap}")
 
     def _write_scalars(self, rank: int, rows: list) -> None:
         ids = self._name_ids
@@ -319,12 +331,23 @@ class StoreWriter:
                                  (level, name_id, rank, index, *merged))
 
     def set_meta(self, **values) -> None:
-        """Store JSON-serialisable metadata under the given keys."""
-        with self._transaction():
-            self._db.executemany(
-                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                [(k, json.dumps(v, default=str)) for k, v in values.items()],
-            )
+        """Store JSON-serialisable metadata under the given keys; never raises: what cannot
+        be written now (a full disk) is kept and written with the next flush that can."""
+        self._meta.update({k: json.dumps(v, default=str) for k, v in values.items()})
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        if not self._meta:
+            return
+        try:
+            with self._transaction():
+                self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(self._meta.items()))
+        except sqlite3.Error as exc:
+            if not self._behind:
+                self._notes.append(f"cannot write now ({exc}); what it could not take is kept and retried")
+                self._behind = True
+            return
+        self._meta = {}
 
     @contextmanager
     def _transaction(self):
@@ -342,13 +365,22 @@ class StoreWriter:
         self._db.execute("COMMIT")
 
     def close(self) -> None:
-        """Write what waits for a retry if it can, checkpoint the WAL into the main file and close."""
-        if self._backlog:
+        """Write what waits for a retry if it can, checkpoint the WAL into the main file and
+        close. Never raises: on a full disk the WAL stays (SQLite reads it back) and what
+        could not be written is counted in ``unwritten``."""
+        self.unwritten = 0
+        if self._backlog or self._meta:
             self.write()
             if self._backlog:
-                log.warning("store: %d items could not be written before closing", self.pending)
+                self.unwritten = self.pending
+                steps = [row[0] for p in self._backlog if p.kind == "scalars" for row in p.items]
+                gap = f" (steps {min(steps)} to {max(steps)})" if steps else ""
+                diskspace.NOTICE.say(f"the metrics store could not be written before the run ended: {self.pending} "
+                                     f"items are not in the run's history{gap}")
         try:
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            log.warning("store: could not checkpoint the WAL at close: %s", exc)
         finally:
             self._db.close()
 

@@ -89,3 +89,49 @@ def test_a_store_full_for_too_long_keeps_the_newest_items(tmp_path, monkeypatch)
     with StoreReader(tmp_path / STORE_NAME) as reader:
         steps = reader.series("m1")[0]
     assert steps and steps[-1] == 302 and len(steps) == 300 - writer.lost  # steps 3..302, the newest kept
+
+
+def test_lost_items_name_the_gap_in_the_history(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_module, "BACKLOG_ITEMS", 50)
+    writer = StoreWriter(tmp_path / STORE_NAME)
+    writer.write(rows=rows(1, 2))
+    (pages,) = writer._db.execute("PRAGMA page_count").fetchone()
+    writer._db.execute(f"PRAGMA max_page_count = {pages}")
+    for first in range(3, 100, 20):
+        writer.write(rows=[[s, 0.0, {f"m{i}": 1.0 for i in range(100)}] for s in range(first, first + 20)])
+    notes = [n for n in writer.take_notes() if "older items were lost" in n]
+    assert notes and notes[0].endswith("; the history has a gap: steps 3 to 22"), notes
+    writer._db.execute("PRAGMA max_page_count = 1073741823")
+    writer.close()
+
+
+def test_metadata_and_closing_never_raise_on_a_full_store(tmp_path, monkeypatch):
+    from ptdash.shared import diskspace
+
+    said = []
+    monkeypatch.setattr(diskspace, "NOTICE", diskspace.Notice())
+    diskspace.NOTICE.sinks.append(said.append)
+    writer = StoreWriter(tmp_path / STORE_NAME)
+    writer.write(rows=rows(1, 2))
+    (pages,) = writer._db.execute("PRAGMA page_count").fetchone()
+    writer._db.execute(f"PRAGMA max_page_count = {pages}")
+    writer.set_meta(config={"x": "y" * 20000})  # kept, not raised
+    writer.write(rows=[[s, 0.0, {f"m{i}": 1.0 for i in range(100)}] for s in range(3, 40)])
+    writer.close()  # cannot write what it kept: says so, does not raise
+    assert writer.unwritten > 0
+    assert any(m.startswith("the metrics store could not be written before the run ended") and "steps 3 to 39" in m
+               for m in said), said
+    with StoreReader(tmp_path / STORE_NAME) as reader:
+        assert reader.series("loss")[0] == [1, 2]
+
+
+def test_metadata_kept_while_full_is_written_when_there_is_room(tmp_path):
+    writer = StoreWriter(tmp_path / STORE_NAME)
+    (pages,) = writer._db.execute("PRAGMA page_count").fetchone()
+    writer._db.execute(f"PRAGMA max_page_count = {pages}")
+    writer.set_meta(config={"x": "y" * 20000})
+    writer._db.execute("PRAGMA max_page_count = 1073741823")
+    writer.write(rows=rows(1, 2))
+    writer.close()
+    with StoreReader(tmp_path / STORE_NAME) as reader:
+        assert reader.meta()["config"] == {"x": "y" * 20000}

@@ -14,7 +14,7 @@ def test_progress_line_has_the_total_and_an_eta_over_running_time(tmp_path):
     run_dir = make_run(tmp_path, steps=500, status="running", now=1_700_000_000.0)
     with StoreReader(run_dir / STORE_NAME) as reader:
         line = progress_line(reader, rundir.read_info(run_dir))
-    assert line.startswith("[ptdash] step 500/2000 | loss ")
+    assert line.startswith("[ptdash] running | step 500/2000 | loss ")
     assert "| 20.0 steps/s | ETA 1m15s" in line  # 0.05 s a step, 1500 steps to go
 
 
@@ -32,3 +32,25 @@ def test_a_pause_does_not_slow_the_rate(tmp_path):
         line = progress_line(reader, rundir.read_info(run_dir))
     rate = float(line.split(" steps/s")[0].rsplit("| ", 1)[1])
     assert rate == pytest.approx(20.0, rel=0.03), line
+
+
+def test_slow_steps_show_seconds_per_step_and_the_latest_event(tmp_path):
+    run_dir = make_run(tmp_path, steps=500, status="running", now=1_700_000_000.0)
+    with StoreReader(run_dir / STORE_NAME) as reader:
+        walls = reader.walls()[1]
+    writer = StoreWriter(run_dir / STORE_NAME)
+    writer.write(rows=[[501 + i, walls[-1] + 4.0 * (i + 1), {}] for i in range(60)])  # 4 s a step
+    writer.close()
+    last = Event(kind="anomaly", step=560, wall=0.0, message="loss spike at step 560: 9.1 is 4.0x its average")
+    with StoreReader(run_dir / STORE_NAME) as reader:
+        line = progress_line(reader, rundir.read_info(run_dir), last)
+    assert "| 4.0 s/step |" in line and "steps/s" not in line, line
+    assert "| ETA 1h36m |" in line  # 1440 steps to go at 4 s each
+    assert line.endswith("| last: loss spike at step 560: 9.1 is 4.0x its average"), line
+
+
+def test_a_paused_run_says_so_first_and_has_no_eta(tmp_path):
+    run_dir = make_run(tmp_path, steps=500, status="paused", now=1_700_000_000.0)
+    with StoreReader(run_dir / STORE_NAME) as reader:
+        line = progress_line(reader, rundir.read_info(run_dir))
+    assert line.startswith("[ptdash] paused | step 500/2000 |") and "ETA" not in line, line

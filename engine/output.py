@@ -1,0 +1,154 @@
+"""The script's stdout and stderr, relayed so that a full disk never fails a ``print``.
+
+The ``ptdash`` command starts the engine with stdout and stderr on output.log. Written
+there directly, a full disk makes the script's own ``print`` raise and kills the run.
+Instead, fds 1 and 2 become a pipe that a thread of this process (``ptdash-output``)
+copies to output.log. What the file cannot take is counted, handed to the headless
+front over its link (so it still streams), and the full disk is named once.
+
+The pipe's reader lives as long as the writers that matter (the script's own process),
+so a print never meets a closed pipe; a relay thread that is slow costs at most the
+pipe's buffer before the script's writes wait, as a slow disk would.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import select
+import struct
+import sys
+import termios
+import threading
+import time
+
+from .shared import diskspace
+
+log = logging.getLogger("ptdash.output")
+
+ENV = "PTDASH_OUTPUT_RELAY"
+"""Set by the ``ptdash`` command when fds 1 and 2 are output.log."""
+
+
+class OutputRelay:
+    """Copies the script's output from a pipe to output.log; see the module docstring."""
+
+    def __init__(self, run_dir, link=None) -> None:
+        self.run_dir = run_dir
+        self.link = link
+        self.unwritten = 0
+        """Bytes of output that output.log could not take."""
+        self._log = os.dup(1)
+        os.set_inheritable(self._log, False)
+        read, write = os.pipe()
+        self._read = read
+        os.dup2(write, 1)
+        os.dup2(write, 2)
+        os.close(write)
+        self._failing = False
+        self._lock = threading.Lock()
+        os.set_blocking(read, False)
+        self._thread = threading.Thread(target=self._loop, name="ptdash-output", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls, run_dir, link=None) -> OutputRelay | None:
+        """Relay fds 1 and 2 when the ``ptdash`` command put them on output.log."""
+        if os.environ.pop(ENV, None) != "1" or run_dir is None:
+            return None
+        try:
+            return cls(run_dir, link)
+        except OSError:
+            log.exception("cannot relay the script's output; it goes to output.log directly")
+            return None
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                select.select([self._read], [], [])
+            except InterruptedError:
+                continue
+            except (OSError, ValueError):
+                return
+            # Read and written under the lock: close() then knows that an empty pipe
+            # means everything written before it has been handled.
+            with self._lock:
+                try:
+                    data = os.read(self._read, 1 << 16)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._log, view):]
+        except OSError as exc:
+            rest = bytes(view)
+            self.unwritten += len(rest)
+            if self.link is not None:
+                self.link.output(rest)
+            if not self._failing:
+                self._failing = True
+                if diskspace.is_full(exc):
+                    diskspace.NOTICE.full(self.run_dir, "output.log cannot be written: the script's output "
+                                                        "still streams to the front, and what is not written is counted")
+                else:
+                    diskspace.NOTICE.say(f"output.log cannot be written ({exc}): the script's output still "
+                                         "streams to the front, and what is not written is counted")
+            return
+        if self._failing:
+            self._failing = False
+            diskspace.NOTICE.room_again(f"output.log is written again; {self.unwritten} bytes of the script's "
+                                        "output could not be written to it")
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Point fds 1 and 2 back at output.log, copy what the pipe still holds, say what was lost."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os.dup2(self._log, 1)
+        os.dup2(self._log, 2)
+        # Copy what was written before now. End-of-file would wait for every writer, and a
+        # process the script left running (persistent DataLoader workers) may hold the
+        # pipe: the thread goes on copying what such a process writes later.
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            with self._lock:
+                if not _unread(self._read):
+                    break
+            time.sleep(0.005)
+        if self.unwritten:
+            diskspace.NOTICE.say(f"{diskspace.fmt_bytes(self.unwritten)} ({self.unwritten} bytes) of the script's "
+                                 "output could not be written to output.log")
+        if self.link is not None:
+            self.link.flush()
+
+
+def _unread(fd: int) -> int:
+    """Bytes waiting in a pipe."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+
+
+class QuietFileHandler(logging.FileHandler):
+    """engine.log's handler: a record it cannot write (a full disk) is counted and dropped.
+
+    logging's own handler prints a traceback to stderr instead, which is the script's
+    output stream here.
+    """
+
+    dropped = 0
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        QuietFileHandler.dropped += 1
