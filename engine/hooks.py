@@ -3,8 +3,9 @@
 All of it is public PyTorch API or a plain attribute swap, installed by ``attach()`` and
 undone by ``detach()``:
 
-- global optimizer step pre/post hooks (here), for every optimizer: commands, pause,
-  clipping, the LR factor, gradient norms, step counting and timing;
+- global optimizer step pre/post hooks, for every optimizer: commands, pause, clipping,
+  the LR factor, gradient norms (the pre-step hook, here), step counting, timing and the
+  step's record (the post-step hook, stepend.py);
 - ``torch.autograd.backward``, ``GradScaler.scale``, ``Optimizer.zero_grad``,
   ``clip_grad_norm_`` / ``clip_grads_with_norm_`` (wrappers.py): the loss, the unscaled
   loss, and the live clip value over the script's own;
@@ -25,16 +26,18 @@ budget samples (budget.py: all of them while it can afford it) also one fused no
 (shared with the script's own clipping, which makes it free: then it runs every step) and
 the gradients' finite check on CPU. A step the budget does not sample, of the one
 optimizer, with nothing at its boundary, takes the lean path: the pre-step hook checks the
-loss and the post-step hook records. ptdash times its own code here (``_own``, ``_extra``)
-for the budget. Everything else is sampled. Nothing here waits for the device: the only
-``.item()`` calls read CPU tensors.
+loss and the post-step hook records (stepend.py). ptdash times its own code here (``_own``,
+``_extra``) for the budget. Everything else is sampled. Nothing here waits for the device:
+the only ``.item()`` calls read CPU tensors.
+
+``Hooks`` is one class put together from two mixins, so that no call on the per-step path
+goes through another layer: ``StepEnd`` (stepend.py), the end of a step and its record, and
+``InferredSteps`` (manual.py), the steps of a script with no optimizer.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import operator
 import time
 import weakref
 from typing import Any, Callable
@@ -45,29 +48,18 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from . import metrics, wrappers
 from .budget import Budget
 from .checkpoint import FirstForward
-from .discovery import find_models
 from .invisible import ModuleState, own, patch_warn
 from .loaders import Loaders
-from .manual import ManualSteps
+from .manual import InferredSteps, ManualSteps
 from .patching import Patches
-from .recorder import StepRecord
+from .stepend import StepEnd
 from .tracked import ClipNotes, Tracked
 
-_LR = operator.itemgetter("lr")
-_record = functools.partial(tuple.__new__, StepRecord)
-"""A StepRecord from a tuple of all its fields, without the Python frame of its ``__new__``."""
 _perf_counter = time.perf_counter
 _isfinite = math.isfinite
-_FLOAT = {float}
 
 
-def _held(lrs: list) -> list:
-    """A step's LRs as the record keeps them: a tensor LR (capturable optimizers) changes in
-    place, so this step's value is copied (on its device, no sync)."""
-    return [lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr) for lr in lrs]
-
-
-class Hooks:
+class Hooks(StepEnd, InferredSteps):
     """Installs the hooks and keeps the per-step bookkeeping for one process.
 
     It is handed the parts a step touches: the live ``settings``, the ``controls``
@@ -200,6 +192,8 @@ class Hooks:
             self._model_hook = None
         self._patches.undo()
 
+    # ------------------------------------------------------- the model's forward hook
+
     def _on_models(self, models: list[torch.nn.Module]) -> None:
         """The models changed: the forward timing hook goes on the new first one."""
         on = self._forward_on
@@ -214,6 +208,23 @@ class Hooks:
         elif not on and self._model_hook is not None:
             self._model_hook.remove()
             self._model_hook = None
+
+    def _on_forward(self, module, args) -> None:
+        if self._in_step or not torch.is_grad_enabled():
+            return  # a closure's forward, or an evaluation pass
+        t_in = _perf_counter()
+        if self._t_forward is None:
+            self.began()
+            self._t_forward = t_in
+            self.loaders.mark_training()
+        if args and isinstance(args[0], torch.Tensor):
+            shape = args[0].shape
+            if shape:
+                self._samples += shape[0]
+        self._own += _perf_counter() - t_in
+        controls = self.controls
+        if controls.has_work(self.step):
+            controls.at_save_point(self.step)
 
     # ---------------------------------------------------------------- boundaries
 
@@ -364,168 +375,3 @@ class Hooks:
         t0 = _perf_counter()
         fn(*args)
         self._own -= _perf_counter() - t0
-
-    def _post_step(self, opt, args, kwargs) -> None:
-        if self._in_lean:
-            now = _perf_counter()
-            self._in_lean = False
-            losses, self._losses = self._losses, []
-            lrs = list(map(_LR, opt.param_groups))
-            if set(map(type, lrs)) != _FLOAT:
-                lrs = _held(lrs)
-            self._end_lean(opt, losses, lrs, now)
-            return
-        tracked = self._tracked.get(id(opt))
-        if tracked is None or tracked.ref() is not opt:
-            return
-        lrs = tracked.restore_lr()
-        now = _perf_counter()
-        losses, self._losses = self._losses, []
-        index = tracked.closure_losses
-        if index is not None:  # a closure: the loss of its first evaluation
-            losses = losses[index:index + 1] if len(losses) > index else losses[:index]
-        if lrs is None:
-            lrs = list(map(_LR, opt.param_groups))
-        if set(map(type, lrs)) != _FLOAT:
-            lrs = _held(lrs)
-        per_tensor, total, params = tracked.norms if tracked.norms is not None else (None, None, None)
-        clip_max, tracked.norms, tracked.clip_max = tracked.clip_max, None, None
-        if tracked.index:
-            self.recorder.add(StepRecord(self.step, time.time(), losses, total, None, None, clip_max, lrs, None,
-                                         0, None, None, tracked.index))
-            self._own += _perf_counter() - now
-            return
-        self._end_step(opt, losses, total, per_tensor, params, clip_max, lrs, now)
-
-    def _end_step(self, opt, losses, total, per_tensor, params, clip_max, lrs, now: float) -> None:
-        """Record the main step that just ended (``opt`` None: an inferred one) and get ready
-        for the next."""
-        step = self.step + 1
-        ratios = None
-        if self._before is not None:
-            t0 = _perf_counter()
-            ratios = metrics.update_ratio(self._before, metrics.ratio_samples(self._before_params))
-            self._before = self._before_params = None
-            self._extra += _perf_counter() - t0
-        start = self._t_post if self._t_post is not None else now
-        waits = self.loaders.take_waits() if self.loaders.timing else None
-        if not self._discovered and not self.discovery.models:
-            # Before the record: its layers are named after the models found here.
-            self.discovery.set_models(find_models([opt]) if opt is not None else self.manual.models())
-        t_record = _perf_counter()
-        self.recorder.add(_record((
-            step, time.time(), losses, total, per_tensor, params if per_tensor is not None else None, clip_max, lrs,
-            (start, self._t_forward, self._t_pre, now, waits, self._inner), self._samples, ratios,
-            self.user_values.take() if self.user_values.pending else None, 0,
-            self._own + t_record - now, self._extra)))
-        self._extra = 0.0
-        step_s = now - start
-        self.last_step_s = 0.9 * self.last_step_s + 0.1 * step_s if self.last_step_s else step_s
-        doctor = self.doctor
-        if opt is not None and step >= doctor.post_from:
-            doctor.on_post_step(opt, step)
-        self.step = step
-        if self.main is None:
-            self.manual.backwards = 0
-        self._in_step = self._at_boundary = False
-        if self.clip_notes.notes:
-            self.clip_notes.clear()
-        self._t_post, self._t_forward, self._t_pre, self._inner, self._samples = now, None, None, 0.0, 0
-        if not self._discovered:  # the first step of this process (a resumed run starts at N)
-            self._discovered = True
-            self._discovered_cb(opt)
-        self._step_end(step)
-        self._next_step(opt, step)
-        # What this step's end cost after its record is counted with the next step.
-        self._own = _perf_counter() - t_record
-
-    def _next_step(self, opt, step: int) -> None:
-        """Get the hooks ready for step ``step + 1``: the forward hook, and its path."""
-        # The forward hook times the step's compute and serves checkpoints at the start of
-        # a step: it is installed for the steps the doctor watches and when a save is due.
-        doctor = self.doctor
-        pending = self.controls.pending
-        want = doctor.watching or bool(pending.checkpoint) or pending.stop is not None
-        self.loaders.timing = doctor.watching
-        if want is not self._forward_on:
-            self._set_forward_hook(want)
-        settings, every = self.settings, self._budget.every
-        lean = (opt is not None and len(self._tracked) == 1 and (step + 1) % every != 0
-                and not want and settings.clip is None and settings.lr_scale == 1.0)
-        self._lean = id(opt) if lean else 0
-        if every != self._budget.every:  # the flusher changed it meanwhile: decide at the step
-            self._lean = 0
-        if self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
-            self._ratio_owed = True  # taken at the next sampled step
-
-    def _end_lean(self, opt, losses: list, lrs: list, now: float) -> None:
-        """``_end_step`` after the lean path: nothing was sampled, timed or served, so only
-        the record, the counters and the next step's path are left."""
-        step = self.step + 1
-        start = self._t_post
-        t_record = _perf_counter()
-        user = self.user_values
-        self.recorder.add(_record((step, time.time(), losses, None, None, None, None, lrs,
-                                   (start, None, None, now, None, 0.0), 0, None,
-                                   user.take() if user.pending else None, 0, self._own + t_record - now, 0.0)))
-        self.last_step_s = 0.9 * self.last_step_s + 0.1 * (now - start)
-        self.step = step
-        self._in_step = self._at_boundary = False
-        self._t_post = now
-        doctor = self.doctor
-        if step >= doctor.post_from:
-            doctor.on_post_step(opt, step)
-        self._step_end(step)
-        pending = self.controls.pending
-        every = self._budget.every
-        # Settings change only at a boundary the lean path did not take; a checkpoint can
-        # fall due in ``_step_end``, and the doctor may watch the next step.
-        if doctor.watching or pending.checkpoint or pending.stop is not None or not (step + 1) % every:
-            self._next_step(opt, step)
-        elif self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
-            self._ratio_owed = True
-        self._own = _perf_counter() - t_record
-
-    # ---------------------------------------------------------- inferred steps
-
-    def optimizer_less(self) -> bool:
-        """Whether the script made no torch.optim optimizer (a skipped one still counts)."""
-        return not self.discovery.live(self.discovery.optimizers)
-
-    def manual_boundary(self) -> None:
-        """An inferred step ended (the script cleared its gradients since the last backward)."""
-        per_tensor, total, params, clip_max = self.manual.end_of_step(self.clip_notes.notes, self.settings)
-        self._end_step(None, self._losses, total, per_tensor, params, clip_max, [], _perf_counter())
-        self._losses = []
-        self.boundary()
-
-    def end_manual_step(self) -> None:
-        """The script ended: no next backward will end its last inferred step."""
-        if self.manual.active and self.main is None and self._losses:
-            per_tensor, total, params, clip_max = self.manual.end_of_step(self.clip_notes.notes, self.settings)
-            self._end_step(None, self._losses, total, per_tensor, params, clip_max, [], _perf_counter())
-            self._losses = []
-
-    def after_manual_backward(self) -> None:
-        self.manual.after_backward(self.settings, self.anomalies, self.step)
-
-    def note_backward_without_step(self) -> None:
-        if self.manual.count_backward():  # many backwards, no step of any kind: say so once
-            self._no_step(self.manual.backwards)
-
-    def _on_forward(self, module, args) -> None:
-        if self._in_step or not torch.is_grad_enabled():
-            return  # a closure's forward, or an evaluation pass
-        t_in = _perf_counter()
-        if self._t_forward is None:
-            self.began()
-            self._t_forward = t_in
-            self.loaders.mark_training()
-        if args and isinstance(args[0], torch.Tensor):
-            shape = args[0].shape
-            if shape:
-                self._samples += shape[0]
-        self._own += _perf_counter() - t_in
-        controls = self.controls
-        if controls.has_work(self.step):
-            controls.at_save_point(self.step)

@@ -13,11 +13,14 @@ the next step begins the script has cleared them.
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
 from . import metrics
 from .discovery import find_models
+
+_perf_counter = time.perf_counter
 
 BACKWARDS_WITHOUT_A_STEP = 500
 """Backward calls without any step (optimizer or inferred) after which ptdash says so."""
@@ -126,3 +129,36 @@ class ManualSteps:
             self.noticed = True
             return True
         return False
+
+
+class InferredSteps:
+    """The inferred steps' side of ``Hooks`` (hooks.py), a mixin: the backward wrapper
+    (wrappers.py) calls these on an optimizer-less script's backwards, and the engine
+    ``end_manual_step`` at its end. They use Hooks' state and its ``_end_step`` (stepend.py)."""
+
+    def optimizer_less(self) -> bool:
+        """Whether the script made no torch.optim optimizer (a skipped one still counts)."""
+        return not self.discovery.live(self.discovery.optimizers)
+
+    def manual_boundary(self) -> None:
+        """An inferred step ended (the script cleared its gradients since the last backward)."""
+        per_tensor, total, params, clip_max = self.manual.end_of_step(self.clip_notes.notes, self.settings)
+        self._end_step(None, self._losses, total, per_tensor, params, clip_max, [], _perf_counter())
+        self._losses = []
+        self.boundary()
+
+    def end_manual_step(self) -> None:
+        """The script ended: no next backward will end its last inferred step."""
+        if self.manual.active and self.main is None and self._losses:
+            per_tensor, total, params, clip_max = self.manual.end_of_step(self.clip_notes.notes, self.settings)
+            self._end_step(None, self._losses, total, per_tensor, params, clip_max, [], _perf_counter())
+            self._losses = []
+
+    def after_manual_backward(self) -> None:
+        """After a backward of an optimizer-less script: its norms, clip and finite check."""
+        self.manual.after_backward(self.settings, self.anomalies, self.step)
+
+    def note_backward_without_step(self) -> None:
+        """Count a backward while no step of any kind is known (the doctor says so once)."""
+        if self.manual.count_backward():  # many backwards, no step of any kind: say so once
+            self._no_step(self.manual.backwards)

@@ -1,0 +1,163 @@
+"""The end of a step: the optimizer post-step hook, the step's record, the next step's path.
+
+``StepEnd`` is a mixin of ``Hooks`` (hooks.py), on the hot path: its methods are Hooks'
+own methods, found on the class like any other, so splitting them out costs nothing at
+call time. They read and reset the per-step state ``Hooks.__init__`` documents.
+
+After each optimizer's step (``_post_step``) the step's losses, norms, clip and LRs become
+a StepRecord for the flusher: another optimizer's at the main step it follows, the main
+one's (or an inferred step's, manual.py) with its timing, samples, update ratios and the
+values ``ptdash.log`` gave (``_end_step``). Then the next step's path is decided
+(``_next_step``): whether the model's forward hook is wanted, and whether the next step may
+take the lean path, whose end (``_end_lean``) records only what that path measured.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import time
+
+import torch
+
+from . import metrics
+from .discovery import find_models
+from .recorder import StepRecord
+
+_LR = operator.itemgetter("lr")
+_record = functools.partial(tuple.__new__, StepRecord)
+"""A StepRecord from a tuple of all its fields, without the Python frame of its ``__new__``."""
+_perf_counter = time.perf_counter
+_FLOAT = {float}
+
+
+def _held(lrs: list) -> list:
+    """A step's LRs as the record keeps them: a tensor LR (capturable optimizers) changes in
+    place, so this step's value is copied (on its device, no sync)."""
+    return [lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr) for lr in lrs]
+
+
+class StepEnd:
+    """What ``Hooks`` does when a step ends: record it and get ready for the next."""
+
+    def _post_step(self, opt, args, kwargs) -> None:
+        """The global optimizer step post-hook, after every optimizer's update."""
+        if self._in_lean:
+            now = _perf_counter()
+            self._in_lean = False
+            losses, self._losses = self._losses, []
+            lrs = list(map(_LR, opt.param_groups))
+            if set(map(type, lrs)) != _FLOAT:
+                lrs = _held(lrs)
+            self._end_lean(opt, losses, lrs, now)
+            return
+        tracked = self._tracked.get(id(opt))
+        if tracked is None or tracked.ref() is not opt:
+            return
+        lrs = tracked.restore_lr()
+        now = _perf_counter()
+        losses, self._losses = self._losses, []
+        index = tracked.closure_losses
+        if index is not None:  # a closure: the loss of its first evaluation
+            losses = losses[index:index + 1] if len(losses) > index else losses[:index]
+        if lrs is None:
+            lrs = list(map(_LR, opt.param_groups))
+        if set(map(type, lrs)) != _FLOAT:
+            lrs = _held(lrs)
+        per_tensor, total, params = tracked.norms if tracked.norms is not None else (None, None, None)
+        clip_max, tracked.norms, tracked.clip_max = tracked.clip_max, None, None
+        if tracked.index:
+            self.recorder.add(StepRecord(self.step, time.time(), losses, total, None, None, clip_max, lrs, None,
+                                         0, None, None, tracked.index))
+            self._own += _perf_counter() - now
+            return
+        self._end_step(opt, losses, total, per_tensor, params, clip_max, lrs, now)
+
+    def _end_step(self, opt, losses, total, per_tensor, params, clip_max, lrs, now: float) -> None:
+        """Record the main step that just ended (``opt`` None: an inferred one) and get ready
+        for the next."""
+        step = self.step + 1
+        ratios = None
+        if self._before is not None:
+            t0 = _perf_counter()
+            ratios = metrics.update_ratio(self._before, metrics.ratio_samples(self._before_params))
+            self._before = self._before_params = None
+            self._extra += _perf_counter() - t0
+        start = self._t_post if self._t_post is not None else now
+        waits = self.loaders.take_waits() if self.loaders.timing else None
+        if not self._discovered and not self.discovery.models:
+            # Before the record: its layers are named after the models found here.
+            self.discovery.set_models(find_models([opt]) if opt is not None else self.manual.models())
+        t_record = _perf_counter()
+        self.recorder.add(_record((
+            step, time.time(), losses, total, per_tensor, params if per_tensor is not None else None, clip_max, lrs,
+            (start, self._t_forward, self._t_pre, now, waits, self._inner), self._samples, ratios,
+            self.user_values.take() if self.user_values.pending else None, 0,
+            self._own + t_record - now, self._extra)))
+        self._extra = 0.0
+        step_s = now - start
+        self.last_step_s = 0.9 * self.last_step_s + 0.1 * step_s if self.last_step_s else step_s
+        doctor = self.doctor
+        if opt is not None and step >= doctor.post_from:
+            doctor.on_post_step(opt, step)
+        self.step = step
+        if self.main is None:
+            self.manual.backwards = 0
+        self._in_step = self._at_boundary = False
+        if self.clip_notes.notes:
+            self.clip_notes.clear()
+        self._t_post, self._t_forward, self._t_pre, self._inner, self._samples = now, None, None, 0.0, 0
+        if not self._discovered:  # the first step of this process (a resumed run starts at N)
+            self._discovered = True
+            self._discovered_cb(opt)
+        self._step_end(step)
+        self._next_step(opt, step)
+        # What this step's end cost after its record is counted with the next step.
+        self._own = _perf_counter() - t_record
+
+    def _next_step(self, opt, step: int) -> None:
+        """Get the hooks ready for step ``step + 1``: the forward hook, and its path."""
+        # The forward hook times the step's compute and serves checkpoints at the start of
+        # a step: it is installed for the steps the doctor watches and when a save is due.
+        doctor = self.doctor
+        pending = self.controls.pending
+        want = doctor.watching or bool(pending.checkpoint) or pending.stop is not None
+        self.loaders.timing = doctor.watching
+        if want is not self._forward_on:
+            self._set_forward_hook(want)
+        settings, every = self.settings, self._budget.every
+        lean = (opt is not None and len(self._tracked) == 1 and (step + 1) % every != 0
+                and not want and settings.clip is None and settings.lr_scale == 1.0)
+        self._lean = id(opt) if lean else 0
+        if every != self._budget.every:  # the flusher changed it meanwhile: decide at the step
+            self._lean = 0
+        if self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
+            self._ratio_owed = True  # taken at the next sampled step
+
+    def _end_lean(self, opt, losses: list, lrs: list, now: float) -> None:
+        """``_end_step`` after the lean path: nothing was sampled, timed or served, so only
+        the record, the counters and the next step's path are left."""
+        step = self.step + 1
+        start = self._t_post
+        t_record = _perf_counter()
+        user = self.user_values
+        self.recorder.add(_record((step, time.time(), losses, None, None, None, None, lrs,
+                                   (start, None, None, now, None, 0.0), 0, None,
+                                   user.take() if user.pending else None, 0, self._own + t_record - now, 0.0)))
+        self.last_step_s = 0.9 * self.last_step_s + 0.1 * (now - start)
+        self.step = step
+        self._in_step = self._at_boundary = False
+        self._t_post = now
+        doctor = self.doctor
+        if step >= doctor.post_from:
+            doctor.on_post_step(opt, step)
+        self._step_end(step)
+        pending = self.controls.pending
+        every = self._budget.every
+        # Settings change only at a boundary the lean path did not take; a checkpoint can
+        # fall due in ``_step_end``, and the doctor may watch the next step.
+        if doctor.watching or pending.checkpoint or pending.stop is not None or not (step + 1) % every:
+            self._next_step(opt, step)
+        elif self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
+            self._ratio_owed = True
+        self._own = _perf_counter() - t_record
