@@ -29,7 +29,6 @@ from pathlib import Path
 from ptdash.shared import __version__, frontlink, perms, rundir
 from ptdash.shared.config import ConfigError, RunConfig
 from ptdash.shared.exits import shell_status
-from ptdash.shared.limits import parse_positive, parse_setting
 from ptdash.shared.protocol import TransportError
 
 from . import checks, runs, subcommands
@@ -37,6 +36,16 @@ from .ctl import cmd_ctl
 from .errors import CliError
 from .headless import headless, say
 from .ls import cmd_ls
+from .options import (
+    NO_TERMINAL_PAUSE_TIMEOUT,
+    count_arg,
+    duration_arg,
+    every_arg,
+    has_terminal,
+    positive_arg,
+    setting_arg,
+    steps_arg,
+)
 
 SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor", "export")
 
@@ -60,125 +69,43 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=Path, help="directory for this run (default: ./ptdash-runs/<time>-<name>)")
     p.add_argument("--share-group", metavar="GROUP",
                    help="let GROUP read the run (dir 2750, files 0640); by default only you can (0700, 0600)")
-    p.add_argument("--clip", type=_setting_arg("clip"), metavar="X",
+    p.add_argument("--clip", type=setting_arg("clip"), metavar="X",
                    help="clip the gradient norm at X from the start (1e-6 to 1e6)")
-    p.add_argument("--lr-scale", type=_setting_arg("lr_scale"), metavar="X",
+    p.add_argument("--lr-scale", type=setting_arg("lr_scale"), metavar="X",
                    help="multiply every LR by X (1e-6 to 1000)")
-    p.add_argument("--checkpoint-every", type=_every_arg, metavar="N|30m",
+    p.add_argument("--checkpoint-every", type=every_arg, metavar="N|30m",
                    help="save a checkpoint every N steps, or every so many minutes/hours (30m, 2h)")
-    p.add_argument("--keep-last", type=_count_arg(1), metavar="K", help="keep only the newest K checkpoints")
-    p.add_argument("--steps", type=_count_arg(1), metavar="N",
+    p.add_argument("--keep-last", type=count_arg(1), metavar="K", help="keep only the newest K checkpoints")
+    p.add_argument("--steps", type=count_arg(1), metavar="N",
                    help="the run's length in optimizer steps, for the total and ETA when its schedule "
                         "does not say (display only)")
     p.add_argument("--resume", type=Path, metavar="CKPT", help="resume from a ptdash checkpoint")
     p.add_argument("--on-anomaly", choices=("pause", "skip", "warn"), default="pause",
                    help="on a non-finite loss or gradient: pause before the update (default), skip the "
                         "update, or only warn")
-    p.add_argument("--pause-timeout", type=_duration_arg, metavar="DURATION",
+    p.add_argument("--pause-timeout", type=duration_arg, metavar="DURATION",
                    help="stop cleanly (with a checkpoint) when a pause lasts DURATION with nobody resuming it: "
                         "seconds, or 30m, 2h; 'none' waits for ever (default: 30m for a headless run with no "
                         "terminal, none otherwise)")
-    p.add_argument("--profile-steps", type=_steps_arg, metavar="A:B",
+    p.add_argument("--profile-steps", type=steps_arg, metavar="A:B",
                    help="profile optimizer steps A to B with torch.profiler")
     p.add_argument("--memory-history", action="store_true",
                    help="record CUDA allocations; on out-of-memory, save a snapshot for PyTorch's memory viewer")
-    p.add_argument("--update-ratio-every", type=_count_arg(0), default=100, metavar="K",
+    p.add_argument("--update-ratio-every", type=count_arg(0), default=100, metavar="K",
                    help="measure each parameter's update/weight ratio every K steps (0: never; default 100)")
-    p.add_argument("--overhead-budget", type=_positive_arg("overhead budget"), default=1.0, metavar="PCT",
+    p.add_argument("--overhead-budget", type=positive_arg("overhead budget"), default=1.0, metavar="PCT",
                    help="ptdash's share of the step time, in percent (default 1; 100 = never thin the statistics)")
-    p.add_argument("--nproc-per-node", type=_count_arg(1), default=1, metavar="N",
+    p.add_argument("--nproc-per-node", type=count_arg(1), default=1, metavar="N",
                    help="launch N ranks through torch.distributed's launcher (DDP)")
     p.add_argument("--detect-anomaly", action="store_true",
                    help="turn on autograd anomaly detection (slow): a failing backward names the forward "
                         "line that caused it")
-    p.add_argument("--stall-timeout", type=_positive_arg("stall timeout"), default=120, metavar="S",
+    p.add_argument("--stall-timeout", type=positive_arg("stall timeout"), default=120, metavar="S",
                    help="name a rank that makes no step for S seconds (default 120)")
-    p.add_argument("--flush-interval", type=_positive_arg("flush interval"), default=0.25, metavar="S",
+    p.add_argument("--flush-interval", type=positive_arg("flush interval"), default=0.25, metavar="S",
                    help="seconds between metric flushes (default 0.25)")
     p.add_argument("target", nargs=argparse.REMAINDER, help="script (or module) and its arguments")
     return p
-
-
-def _positive_arg(what: str):
-    def parse(text: str) -> float:
-        try:
-            return parse_positive(text, what)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return parse
-
-
-def _setting_arg(name: str):
-    def parse(text: str) -> float | None:
-        try:
-            return parse_setting(name, text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return parse
-
-
-def _count_arg(least: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < least:
-            raise argparse.ArgumentTypeError(f"takes a whole number >= {least}, got {text[:32]!r}")
-        return value
-    return parse
-
-
-def _steps_arg(text: str) -> tuple[int, int]:
-    try:
-        a, b = (int(x) for x in text.split(":"))
-        if not 1 <= a <= b:
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--profile-steps takes A:B with 1 <= A <= B, got {text!r}") from None
-    return a, b
-
-
-NO_TERMINAL_PAUSE_TIMEOUT = 30 * 60.0
-"""The pause timeout of a headless run with no terminal attached (a batch job, CI)."""
-
-
-def _duration_arg(text: str) -> float:
-    """``--pause-timeout``: seconds (``90``, ``90s``), minutes or hours; 0 for ``none``."""
-    if text.strip().lower() in ("none", "off", "never"):
-        return 0.0
-    units = {"s": 1, "m": 60, "h": 3600}
-    try:
-        if text[-1:] in units:
-            return parse_positive(text[:-1], "duration") * units[text[-1]]
-        return parse_positive(text, "duration")
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a duration like 90, 30m or 2h (or none), got {text[:32]!r}") from None
-
-
-def has_terminal() -> bool:
-    """Whether a person may be at a terminal of this command: a standard stream is one,
-    or the process has a controlling terminal."""
-    if any(os.isatty(fd) for fd in (0, 1, 2)):
-        return True
-    try:
-        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
-    except OSError:
-        return False
-    return True
-
-
-def _every_arg(text: str) -> tuple[str, float]:
-    units = {"s": 1, "m": 60, "h": 3600}
-    try:
-        if text[-1:] in units:
-            return ("seconds", parse_positive(text[:-1], "interval") * units[text[-1]])
-        steps = int(text)
-        if steps <= 0:
-            raise ValueError
-        return ("steps", steps)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--checkpoint-every takes a step count or a time like 30m, got {text!r}") from None
 
 
 # -------------------------------------------------------------------------- running

@@ -128,7 +128,7 @@ def test_pause_timeout_durations():
 
     import pytest
 
-    from ptdash.tui.cli import _duration_arg
+    from ptdash.tui.options import duration_arg as _duration_arg
 
     assert [_duration_arg(t) for t in ("5", "90s", "30m", "2h", "1.5", "none", "off")] == \
         [5.0, 90.0, 1800.0, 7200.0, 1.5, 0.0, 0.0]
@@ -138,7 +138,7 @@ def test_pause_timeout_durations():
 
 
 def test_a_command_without_any_terminal_has_none(tmp_path):
-    code = "from ptdash.tui.cli import has_terminal; print(has_terminal())"
+    code = "from ptdash.tui.options import has_terminal; print(has_terminal())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, stdin=subprocess.DEVNULL,
                          start_new_session=True, check=True)  # its own session: no controlling terminal
     assert out.stdout.split() == ["False"]
