@@ -152,7 +152,10 @@ class Hooks(StepEnd, InferredSteps):
     # ------------------------------------------------------------ attach / detach
 
     def attach(self) -> None:
-        """Install every hook and patch."""
+        """Install every hook and patch (once: attaching again while attached does nothing,
+        where hooks installed twice would count every step twice)."""
+        if self._handles:
+            return
         self._handles += [register_optimizer_step_pre_hook(self._pre_step),
                           register_optimizer_step_post_hook(self._post_step)]
         patch = self._patches.set
