@@ -47,6 +47,9 @@ BY_HAND = "set by hand"
 
 _LR = "opt/lr/group"
 """The main optimizer's per-group LRs in a step row: ``opt/lr/group<i>``."""
+_LR_NAMES = tuple(f"{_LR}{i}" for i in range(64))
+"""The first param groups' LR names, looked up by name (a row's values are not scanned for them;
+a row with all of them is, for the groups after)."""
 
 _CHUNK = 2048
 """Scheduler steps simulated between two yields of the GIL to the training thread."""
@@ -182,12 +185,19 @@ class SchedulePreview:
         changed, self._scale = self._scale is not None and scale != self._scale, scale
         newest = None
         for step, _, values in rows:
-            lrs = [v for _, v in sorted((int(k[len(_LR):]), v) for k, v in values.items() if k.startswith(_LR))]
+            lrs = []
+            for name in _LR_NAMES:  # the row's groups are numbered from 0, without gaps
+                if name not in values:
+                    break
+                lrs.append(values[name])
+            else:
+                lrs = [v for _, v in sorted((int(k[len(_LR):]), v) for k, v in values.items() if k.startswith(_LR))]
             if not lrs:
                 continue
             self._step = max(self._step, step)
             newest = None if changed or None in lrs else [v / scale for v in lrs]
-            if newest is not None and self._row_lrs is not None and not _close(newest, self._row_lrs):
+            if newest is not None and self._row_lrs is not None and newest != self._row_lrs \
+                    and not _close(newest, self._row_lrs):
                 self._lr_moved_at = step
             self._row_lrs = newest
         return newest

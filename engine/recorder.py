@@ -13,6 +13,8 @@ flusher polls an event until it lands, so not even the flusher synchronises the 
 from __future__ import annotations
 
 import collections
+import functools
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ import torch
 
 from .metrics import fold
 from .shared.numbers import finite_or_none
+
+_isfinite = math.isfinite
 
 
 class StepRecord(NamedTuple):
@@ -112,7 +116,8 @@ class Recorder:
         """Take every pending record; return Metrics rows and per-layer rows.
 
         Called on the flusher thread. Rows are ``[step, wall, {name: value}]`` with
-        non-finite values as None. Per-layer rows are converted for the steps that use
+        non-finite values as None (``loss/micro_batches`` only on a step whose loss added up
+        more than one: one micro-batch is the rule, not worth a value a step). Per-layer rows are converted for the steps that use
         them: the newest that has them, those with update ratios or a non-finite loss or norm, and the
         steps in ``wanted``; the norms of the others were computed (the total needs them)
         but are dropped unread.
@@ -127,38 +132,47 @@ class Recorder:
             self._observe(records)
         # Each record's device scalars, in a fixed order: [loss], [total], then tensor LRs and user values.
         scalars: list[torch.Tensor] = []
+        add, extend = scalars.append, scalars.extend
         for r in records:
-            if r.losses:
-                scalars.append(fold(r.losses))
+            losses = r.losses
+            if losses:
+                add(losses[0] if len(losses) == 1 else fold(losses))
             if r.total is not None:
-                scalars.append(r.total)
-            scalars.extend(v for v in r.lrs if isinstance(v, torch.Tensor))
+                add(r.total)
+            lrs = r.lrs
+            if len(lrs) != 1 or type(lrs[0]) is not float:
+                extend(v for v in lrs if isinstance(v, torch.Tensor))
             if r.user:
-                scalars.extend(v for v in r.user.values() if isinstance(v, torch.Tensor))
+                extend(v for v in r.user.values() if isinstance(v, torch.Tensor))
         host = iter(_to_host(scalars))
         rows, keep = [], []
         for record in records:
             step, wall, losses, total, layers, _, clip_max, lrs, times, samples, ratios, user, opt, _, _ = record
-            # The main optimizer's series keep their plain names; the k-th other one's are opt<k>/...
-            prefix = f"opt{opt}/" if opt else ""
+            names = _names(opt, len(lrs))
             values: dict[str, float | None] = {}
             finite = True
             if losses:
-                values[f"{prefix}loss"] = loss = finite_or_none(next(host))
-                values[f"{prefix}loss/micro_batches"] = float(len(losses))
+                loss = next(host)
+                values[names.loss] = loss = loss if _isfinite(loss) else None
+                if len(losses) > 1:
+                    values[names.micro_batches] = float(len(losses))
                 finite = loss is not None
             if total is not None:
-                values[f"{prefix}grad/norm_total"] = norm = finite_or_none(next(host))
+                norm = next(host)
+                values[names.norm_total] = norm = norm if _isfinite(norm) else None
                 finite = finite and norm is not None
                 if clip_max is not None:
-                    values[f"{prefix}grad/clip_max"] = clip_max
-                    values[f"{prefix}grad/clipped"] = None if norm is None else float(norm > clip_max)
-            lr_prefix = prefix or "opt/"
-            for i, lr in enumerate(lrs):
-                values[f"{lr_prefix}lr/group{i}"] = finite_or_none(
-                    next(host) if isinstance(lr, torch.Tensor) else float(lr))
+                    values[names.clip_max] = clip_max
+                    values[names.clipped] = None if norm is None else float(norm > clip_max)
+            for name, lr in zip(names.lrs, lrs):
+                if type(lr) is not float:
+                    lr = next(host) if isinstance(lr, torch.Tensor) else float(lr)
+                values[name] = lr if _isfinite(lr) else None
             if times is not None:
-                values.update(step_times(times, samples))
+                if times[4] is None and times[1] is None:  # nothing timed inside the step
+                    values["time/step_s"] = times[3] - times[0]
+                else:
+                    values.update(step_times(times, samples))
             if user:
                 for name, value in user.items():
                     values[name] = finite_or_none(next(host) if isinstance(value, torch.Tensor) else float(value))
@@ -173,6 +187,27 @@ class Recorder:
         if newest is not None and (not keep or keep[-1] is not newest):
             keep.append(newest)
         return rows, _layer_rows(keep)
+
+
+class _Names(NamedTuple):
+    """The series names of one optimizer's values (the main one's plain, the k-th other's
+    ``opt<k>/...``), built once per optimizer and param-group count, not per row."""
+
+    loss: str
+    micro_batches: str
+    norm_total: str
+    clip_max: str
+    clipped: str
+    lrs: tuple
+
+
+@functools.lru_cache(maxsize=256)
+def _names(opt: int, groups: int) -> _Names:
+    prefix = f"opt{opt}/" if opt else ""
+    lr_prefix = prefix or "opt/"
+    return _Names(f"{prefix}loss", f"{prefix}loss/micro_batches", f"{prefix}grad/norm_total",
+                  f"{prefix}grad/clip_max", f"{prefix}grad/clipped",
+                  tuple(f"{lr_prefix}lr/group{i}" for i in range(groups)))
 
 
 def step_times(times: tuple, samples: int) -> dict[str, float]:

@@ -266,28 +266,33 @@ class StoreWriter:
     def _write_scalars(self, rank: int, rows: list) -> None:
         ids = self._name_ids
         scalars, steps = [], []
+        by_series: dict[tuple[int, int], list] = {}
+        """(name id, rank) -> the flush's (step, value) points, for the summary."""
         for step, wall, values in rows:
             steps.append((rank, step, wall))
             for name, value in values.items():
-                scalars.append((ids.get(name) or self._name_id(name), rank, step, value))
+                name_id = ids.get(name) or self._name_id(name)
+                scalars.append((name_id, rank, step, value))
+                points = by_series.get((name_id, rank))
+                if points is None:
+                    points = by_series[(name_id, rank)] = []
+                points.append((step, value))
         if steps:
             self._db.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", steps)
         if scalars:
-            deltas, redo = self._plan_summary(scalars)
+            deltas, redo = self._plan_summary(by_series)
             self._db.executemany("INSERT OR REPLACE INTO scalars VALUES (?, ?, ?, ?)", scalars)
             self._update_summary(deltas, redo)
 
-    def _plan_summary(self, scalars: list[tuple]) -> tuple[dict[tuple, list], set[tuple]]:
-        """How the flush's scalars change the summary, decided before they are inserted.
+    def _plan_summary(self, by_series: dict[tuple[int, int], list]) -> tuple[dict[tuple, list], set[tuple]]:
+        """How the flush's points (by series, in step order) change the summary, decided
+        before they are inserted.
 
         New steps merge into their buckets (``deltas``): points into the finest level,
         then each level's buckets into the next. A step at or before the newest stored
         one may replace a value (a system sample taken again while paused), so its
         buckets are recomputed from the raw rows instead (``redo``).
         """
-        by_series: dict[tuple[int, int], list] = {}
-        for name_id, rank, step, value in scalars:
-            by_series.setdefault((name_id, rank), []).append((step, value))
         deltas: dict[tuple, list] = {}
         redo: set[tuple] = set()
         finest = LEVELS[0]
@@ -298,12 +303,24 @@ class StoreWriter:
                     "SELECT max(step) FROM scalars WHERE name_id = ? AND rank = ?", key).fetchone()
                 last = -math.inf if last is None else last
             buckets: dict[int, list] = {}
+            index = bucket = None
             for step, value in points:
                 if step <= last:
                     redo.update((level, *key, step // level) for level in LEVELS)
-                else:
-                    buckets[step // finest] = merge_point(buckets.get(step // finest), step, value)
-                    last = step
+                    continue
+                last = step
+                if step // finest != index:  # a bucket's points come together: folded inline
+                    index = step // finest
+                    bucket = buckets.get(index)
+                    if bucket is None:
+                        bucket = buckets[index] = [step, value, step, value]
+                        continue
+                if value is None or bucket[1] is None:
+                    merge_point(bucket, step, value)
+                elif value < bucket[1]:  # merge_point's fold of two numbers, without the call
+                    bucket[0], bucket[1] = step, value
+                elif value > bucket[3]:
+                    bucket[2], bucket[3] = step, value
             self._last[key] = last
             level = finest
             for coarser in (*LEVELS[1:], None):

@@ -162,6 +162,8 @@ class Server:
         rows counted; other messages (parameter names among them) are always queued, up
         to HARD_BUFFER for one client and TOTAL_BUFFER for all, which disconnect it.
         """
+        if not any(c.authed and not c.closing for c in list(self._clients.values())):
+            return  # nobody to send to (a headless run, a detached dashboard): not even encoded
         try:
             frame = wire.encode(msg)
         except ProtocolError as exc:  # only a frame above MAX_FRAME: a bug, never a reason to fail
