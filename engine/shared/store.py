@@ -10,7 +10,7 @@ What is stored is what the protocol carries: scalar rows ``[step, wall, {name: v
 
 Long runs: next to the raw scalars the writer keeps a summary table, the minimum and
 maximum (with their steps) of every series over buckets of 16, 256 and 4096 steps,
-updated in the same transaction as the rows (``decimate.merge_point``). A decimated read
+updated in the same transaction as the rows (summary.py). A decimated read
 of a million-step series then reads a few thousand summary rows instead of scanning a
 million.
 
@@ -21,24 +21,22 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import diskspace, perms
-from .decimate import merge_point
+from . import diskspace, perms, summary
+from .inserts import insert_many
 from .numbers import json_safe
 from .protocol import Event, LayerNames, Layers, Schedule
+from .summary import LEVELS  # noqa: F401 - the name the readers import
 from .wire import to_dict
 
 log = logging.getLogger("ptdash.shared.store")
 
 STORE_NAME = "metrics.db"
 
-LEVELS = (16, 256, 4096)
-"""Steps per summary bucket, finest first."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL);
@@ -69,20 +67,6 @@ CREATE TABLE IF NOT EXISTS samples (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-
-# A bucket's extremes merge with a new bucket's: the lower minimum and higher maximum win;
-# a bucket of only None values keeps its first step with a None value.
-_UPSERT = """
-INSERT INTO summary VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (level, name_id, rank, bucket) DO UPDATE SET
-    lo_step = CASE WHEN excluded.lo < lo OR (lo IS NULL AND (excluded.lo IS NOT NULL
-                   OR excluded.lo_step < lo_step)) THEN excluded.lo_step ELSE lo_step END,
-    lo = CASE WHEN excluded.lo < lo OR lo IS NULL THEN excluded.lo ELSE lo END,
-    hi_step = CASE WHEN excluded.hi > hi OR (hi IS NULL AND (excluded.hi IS NOT NULL
-                   OR excluded.hi_step < hi_step)) THEN excluded.hi_step ELSE hi_step END,
-    hi = CASE WHEN excluded.hi > hi OR hi IS NULL THEN excluded.hi ELSE hi END
-"""
-
 
 BACKLOG_ITEMS = 200_000
 """Items (rows, events, layer records) kept for a retry while the store cannot be written."""
@@ -206,7 +190,7 @@ class StoreWriter:
                 self._write_scalars(part.rank, part.items)
             elif part.kind == "samples":
                 ids = self._name_ids
-                self._db.executemany("INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?)", [
+                insert_many(self._db, "INSERT OR REPLACE INTO samples", 4, [
                     (ids.get(name) or self._name_id(name), part.rank, wall, value)
                     for wall, values in part.items for name, value in values.items()])
             elif part.kind == "events":
@@ -278,74 +262,11 @@ class StoreWriter:
                     points = by_series[(name_id, rank)] = []
                 points.append((step, value))
         if steps:
-            self._db.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", steps)
+            insert_many(self._db, "INSERT OR REPLACE INTO steps", 3, steps)
         if scalars:
-            deltas, redo = self._plan_summary(by_series)
-            self._db.executemany("INSERT OR REPLACE INTO scalars VALUES (?, ?, ?, ?)", scalars)
-            self._update_summary(deltas, redo)
-
-    def _plan_summary(self, by_series: dict[tuple[int, int], list]) -> tuple[dict[tuple, list], set[tuple]]:
-        """How the flush's points (by series, in step order) change the summary, decided
-        before they are inserted.
-
-        New steps merge into their buckets (``deltas``): points into the finest level,
-        then each level's buckets into the next. A step at or before the newest stored
-        one may replace a value (a system sample taken again while paused), so its
-        buckets are recomputed from the raw rows instead (``redo``).
-        """
-        deltas: dict[tuple, list] = {}
-        redo: set[tuple] = set()
-        finest = LEVELS[0]
-        for key, points in by_series.items():
-            last = self._last.get(key)
-            if last is None:
-                (last,) = self._db.execute(
-                    "SELECT max(step) FROM scalars WHERE name_id = ? AND rank = ?", key).fetchone()
-                last = -math.inf if last is None else last
-            buckets: dict[int, list] = {}
-            index = bucket = None
-            for step, value in points:
-                if step <= last:
-                    redo.update((level, *key, step // level) for level in LEVELS)
-                    continue
-                last = step
-                if step // finest != index:  # a bucket's points come together: folded inline
-                    index = step // finest
-                    bucket = buckets.get(index)
-                    if bucket is None:
-                        bucket = buckets[index] = [step, value, step, value]
-                        continue
-                if value is None or bucket[1] is None:
-                    merge_point(bucket, step, value)
-                elif value < bucket[1]:  # merge_point's fold of two numbers, without the call
-                    bucket[0], bucket[1] = step, value
-                elif value > bucket[3]:
-                    bucket[2], bucket[3] = step, value
-            self._last[key] = last
-            level = finest
-            for coarser in (*LEVELS[1:], None):
-                for index, bucket in buckets.items():
-                    deltas[(level, *key, index)] = bucket
-                if coarser is None:
-                    break
-                merged: dict[int, list] = {}
-                for index, (lo_step, lo, hi_step, hi) in buckets.items():
-                    j = index * level // coarser
-                    merged[j] = merge_point(merge_point(merged.get(j), lo_step, lo), hi_step, hi)
-                buckets, level = merged, coarser
-        return deltas, redo
-
-    def _update_summary(self, deltas: dict[tuple, list], redo: set[tuple]) -> None:
-        self._db.executemany(_UPSERT, [(*k, *b) for k, b in deltas.items() if k not in redo])
-        for level, name_id, rank, index in redo:
-            merged = None
-            for step, value in self._db.execute(
-                    "SELECT step, value FROM scalars WHERE name_id = ? AND rank = ? AND step >= ? AND step < ?",
-                    (name_id, rank, index * level, (index + 1) * level)):
-                merged = merge_point(merged, step, value)
-            if merged is not None:
-                self._db.execute("INSERT OR REPLACE INTO summary VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                                 (level, name_id, rank, index, *merged))
+            deltas, redo = summary.plan(self._db, self._last, by_series)
+            insert_many(self._db, "INSERT OR REPLACE INTO scalars", 4, scalars)
+            summary.update(self._db, deltas, redo)
 
     def set_meta(self, **values) -> None:
         """Store JSON-serialisable metadata under the given keys; never raises: what cannot
