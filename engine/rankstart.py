@@ -107,13 +107,25 @@ def _watch_uncaught(engine) -> None:
     sys.excepthook = excepthook
 
 
+def _leaving_with(exc: BaseException | None) -> BaseException | None:
+    """The error a multiprocessing child leaves with, seen from its finalizers (they run
+    while it propagates): the target's own exception (``multiprocessing.Process``), or
+    the one behind ``mp.spawn``'s ``sys.exit(1)`` (its wrapper catches the script's
+    exception, queues the traceback for the parent and exits). None for a clean exit."""
+    if isinstance(exc, SystemExit):
+        if exc.code in (None, 0):
+            return None
+        return exc.__context__ if isinstance(exc.__context__, Exception) else exc
+    return exc if isinstance(exc, Exception) else None
+
+
 def _finish(engine) -> None:
     from .controls import StopTraining
 
     if getattr(engine, "_finished_at_exit", False):
         return
     engine._finished_at_exit = True
-    uncaught = getattr(engine, "uncaught", None)
+    uncaught = getattr(engine, "uncaught", None) or _leaving_with(sys.exc_info()[1])
     stopped = engine.journal.state == "stopping" or isinstance(uncaught, StopTraining)
     try:
         if stopped:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
-from support.runner import ENV, SCRIPTS, Run, wait_for
+from support.runner import ENV, SCRIPTS, Run, processes_in, wait_for
 
 DDP = SCRIPTS / "ddp_train.py"
 pytestmark = pytest.mark.slow
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 class DdpRun(Run):
     def __init__(self, tmp_path, *args, env=None):
+        self.cwd = tmp_path
         if env:
             ENV.update(env)
         try:
@@ -30,7 +32,7 @@ class DdpRun(Run):
             return s.last_step(rank) or 0
 
     def close(self) -> None:
-        pids = _rank_pids()
+        pids = _rank_pids(self.cwd)
         super().close()
         for pid in pids:
             try:
@@ -39,9 +41,13 @@ class DdpRun(Run):
                 pass
 
 
-def _rank_pids() -> list[int]:
+def _rank_pids(cwd: Path) -> list[int]:
+    """This test's ranks: the processes running the DDP script in the test's own directory.
+    Another test session's ranks on the same machine (CI beside a developer's run) are not
+    this test's to count or to kill."""
     out = subprocess.run(["pgrep", "-f", f"ptdash.bootstrap {DDP}"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
+    mine = set(processes_in(cwd))
+    return [int(p) for p in out.split() if int(p) in mine]
 
 
 def test_a_long_pause_then_checkpoint_and_stop_reach_both_ranks(tmp_path):
@@ -83,7 +89,7 @@ def test_sigkill_of_rank_1_is_reported_and_nothing_is_left_behind(tmp_path):
     run = DdpRun(tmp_path)
     try:
         wait_for(lambda: run.rank_step(1) >= 3, 90, what="rank 1 stepping")
-        rank1 = [p for p in _rank_pids() if "RANK=1" in open(f"/proc/{p}/environ", "rb").read().decode(errors="ignore").replace("\0", " ") + " "]
+        rank1 = [p for p in _rank_pids(tmp_path) if "RANK=1" in open(f"/proc/{p}/environ", "rb").read().decode(errors="ignore").replace("\0", " ") + " "]
         assert len(rank1) == 1
         os.kill(rank1[0], signal.SIGKILL)
         code = run.proc.wait(90)
@@ -93,7 +99,7 @@ def test_sigkill_of_rank_1_is_reported_and_nothing_is_left_behind(tmp_path):
         assert info.rank_failures[0] == {"rank": 1, "exitcode": -signal.SIGKILL}
         with run.store() as s:
             assert any("rank 1 killed by SIGKILL" in e.message for e in s.events())
-        wait_for(lambda: not _rank_pids(), 30, what="every rank to exit")
+        wait_for(lambda: not _rank_pids(tmp_path), 30, what="every rank to exit")
     finally:
         run.close()
 
@@ -137,5 +143,5 @@ def test_users_own_torchrun_runs_the_engine_module(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid in _rank_pids():
+        for pid in _rank_pids(tmp_path):
             os.kill(pid, signal.SIGKILL)

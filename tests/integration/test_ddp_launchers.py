@@ -146,8 +146,12 @@ def test_a_stopped_rank_is_named_stalled_and_the_rank_waiting_for_it_is_not(tmp_
         kill_all(processes_in(tmp_path))
 
 
-def test_a_crashed_rank_is_recorded_and_the_run_ends_crashed(tmp_path):
-    run = Run(tmp_path, SCRIPTS / "ddp_reexec.py", "--sleep", "0.02", "--crash-rank1-at", "20")
+@pytest.mark.parametrize("launcher", ["reexec", "mp.spawn", "fork"])
+def test_a_crashed_rank_is_recorded_and_the_run_ends_crashed(tmp_path, launcher):
+    # mp.spawn's wrapper catches the rank's exception and exits 1; a multiprocessing.Process
+    # target's exception ends its process: neither reaches sys.excepthook.
+    script, options, *flags = LAUNCHERS[launcher]
+    run = Run(tmp_path, script, "--sleep", "0.02", "--crash-rank1-at", "20", *flags[:1], options=options)
     try:
         code = run.wait(120)
         assert code != 0

@@ -58,6 +58,8 @@ def train(rank, world_size, args):
         for epoch in range(args.epochs):
             sampler.set_epoch(epoch)
             for inputs, targets in loader:
+                if rank == 1 and step + 1 == args.crash_rank1_at:
+                    raise RuntimeError(f"rank 1 fails at step {step + 1}")
                 optimizer.zero_grad()
                 loss = nn.functional.mse_loss(model(inputs), targets)
                 loss.backward()
@@ -80,6 +82,7 @@ def main():
     parser.add_argument("--sleep", type=float, default=0.02)
     parser.add_argument("--fork", action="store_true")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
+    parser.add_argument("--crash-rank1-at", type=int, default=0, help="rank 1 raises before this step")
     args = parser.parse_args()
     args.port = free_port()
     if args.fork:
