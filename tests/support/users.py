@@ -79,14 +79,16 @@ def open_base():
 @contextmanager
 def ptdash_for_others():
     """A path other users can import this checkout's ``ptdash`` from: ``ptdash`` is
-    ``engine/`` with ``tui/`` inside, as the installed package lays them out."""
+    ``engine/`` with ``tui/`` inside, as the installed package lays them out. Copied, with
+    modes everyone may read: the checkout itself may sit where only its owner can go (a
+    clean clone in a 0700 temporary directory)."""
     with open_base() as farm:
         package = farm / "ptdash"
-        package.mkdir(mode=0o755)
-        for entry in (REPO / "engine").iterdir():
-            if entry.name != "__pycache__":
-                (package / entry.name).symlink_to(entry)
-        (package / "tui").symlink_to(REPO / "tui")
+        skip = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(REPO / "engine", package, ignore=skip)
+        shutil.copytree(REPO / "tui", package / "tui", ignore=skip)
+        for path in [package, *package.rglob("*")]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
         yield farm
 
 
