@@ -117,10 +117,10 @@ class Recorder:
 
         Called on the flusher thread. Rows are ``[step, wall, {name: value}]`` with
         non-finite values as None (``loss/micro_batches`` only on a step whose loss added up
-        more than one: one micro-batch is the rule, not worth a value a step). Per-layer rows are converted for the steps that use
-        them: the newest that has them, those with update ratios or a non-finite loss or norm, and the
-        steps in ``wanted``; the norms of the others were computed (the total needs them)
-        but are dropped unread.
+        more than one: one micro-batch is the rule, not worth a value a step). Per-layer
+        rows are converted for the steps that use them: the newest that has them, those
+        with update ratios or a non-finite loss or norm, and the steps in ``wanted``; the
+        norms of the others were computed (the total needs them) but are dropped unread.
         """
         records = []
         pending = self._pending

@@ -24,7 +24,7 @@ from typing import NamedTuple
 from .protocol import LayerNames, Layers
 from .reader import StoreReader
 from .series_queries import _number
-from .store import LEVELS
+from .summary import LEVELS
 
 WINDOW = 4096
 """Steps read per window by ``rows``."""

@@ -13,7 +13,8 @@ import math
 import sqlite3
 
 from .decimate import StreamDecimator, merge_point
-from .store import LEVELS, StoreError
+from .store import StoreError
+from .summary import LEVELS
 
 
 class SeriesQueries:

@@ -30,13 +30,11 @@ from . import diskspace, perms, summary
 from .inserts import insert_many
 from .numbers import json_safe
 from .protocol import Event, LayerNames, Layers, Schedule
-from .summary import LEVELS  # noqa: F401 - the name the readers import
 from .wire import to_dict
 
 log = logging.getLogger("ptdash.shared.store")
 
 STORE_NAME = "metrics.db"
-
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL);

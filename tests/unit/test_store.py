@@ -16,7 +16,8 @@ import pytest
 from ptdash.shared.decimate import merge_point
 from ptdash.shared.protocol import Event, Layers, Schedule
 from ptdash.shared.reader import StoreReader
-from ptdash.shared.store import LEVELS, StoreError, StoreWriter
+from ptdash.shared.store import StoreError, StoreWriter
+from ptdash.shared.summary import LEVELS
 
 STORE = "metrics.db"
 
