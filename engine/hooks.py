@@ -370,7 +370,7 @@ class Hooks(StepEnd, InferredSteps):
         if main and every and (step % every == 0 or self._ratio_owed) and params:
             self._ratio_owed = False
             self._before_params = params
-            self._before = torch._foreach_mul(metrics.ratio_samples(params), 1.0)
+            self._before = metrics.snapshot(params)
         self._extra += _perf_counter() - t0
 
     def _unmetered(self, fn, *args) -> None:

@@ -100,13 +100,18 @@ RATIO_SAMPLE = 1 << 16
 
 
 def ratio_samples(params: list[torch.Tensor], cap: int = RATIO_SAMPLE) -> list[torch.Tensor]:
-    """For each parameter, a view of its elements, strided down to at most ``cap``.
+    """For each parameter, its elements strided down to at most ``cap``: what an update
+    ratio compares. Use it under ``no_grad`` (``snapshot``, ``update_ratio``).
 
     The update ratio copies these before the step: a large model's copy stays a few MB
     (about ``cap`` elements per parameter) instead of a second copy of every weight. A
     parameter of up to ``cap`` elements is compared whole, so its ratio is exact; a larger
-    one's is estimated from every k-th element.
+    one's is estimated from every k-th element. When every parameter is that small (many
+    tiny layers) the parameters themselves are returned, with no Python per parameter: a
+    ``detach()`` each cost 2.5 µs, 250 µs for a hundred tensors.
     """
+    if params and max(map(_NUMEL, params)) <= cap:
+        return list(params)
     out = []
     for p in params:
         flat = p.detach().reshape(-1)  # a view for the usual contiguous parameter
@@ -115,12 +120,21 @@ def ratio_samples(params: list[torch.Tensor], cap: int = RATIO_SAMPLE) -> list[t
     return out
 
 
+_NUMEL = torch.Tensor.numel
+
+
+@torch.no_grad()
+def snapshot(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of the parameters' ``ratio_samples`` before an update, for ``update_ratio``."""
+    return torch._foreach_mul(ratio_samples(params), 1.0)
+
+
 @torch.no_grad()
 def update_ratio(before: list[torch.Tensor], after: list[torch.Tensor]) -> torch.Tensor:
     """Per-tensor ``|after - before| / |before|`` (float32), the size of one update."""
     deltas = torch._foreach_sub(after, before)
-    delta_norms = torch.stack([n.float() for n in torch._foreach_norm(deltas)])
-    weight_norms = torch.stack([n.float() for n in torch._foreach_norm(before)])
+    delta_norms = torch.stack(torch._foreach_norm(deltas)).float()
+    weight_norms = torch.stack(torch._foreach_norm(before)).float()
     return delta_norms / weight_norms.clamp_min(1e-12)
 
 

@@ -55,6 +55,23 @@ def test_update_ratio_matches_explicit_copies():
         assert torch.isclose(r, (a - b).norm() / b.norm(), rtol=1e-6)
 
 
+def test_snapshot_of_small_parameters_copies_them_whole_outside_autograd():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)])
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    exact_before = [p.detach().clone() for p in params]
+    assert torch.is_grad_enabled()  # where the optimizer's pre-step hooks run
+    before = metrics.snapshot(params)
+    assert all(b.grad_fn is None and not b.requires_grad for b in before)
+    assert all(b.data_ptr() != p.data_ptr() for b, p in zip(before, params))  # copies, not views
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    ratios = metrics.update_ratio(before, metrics.ratio_samples(params))
+    for r, b, p in zip(ratios, exact_before, params):
+        assert torch.isclose(r, (p.detach() - b).norm() / b.norm(), rtol=1e-6)
+
+
 def test_update_ratio_of_a_large_parameter_is_estimated_from_a_bounded_sample():
     torch.manual_seed(0)
     big, small = torch.nn.Parameter(torch.randn(512, 1024)), torch.nn.Parameter(torch.randn(64))
