@@ -52,12 +52,21 @@ the training thread, nearly free of other processes' noise (without the wrappers
 time the inside of the hooks in the blocks). Added to the engine threads' CPU per recorded
 step (from the blocks), it gives the instrumentation's whole CPU cost.
 
+The training thread's clock does not see it wait for the GIL, and it waits whenever the
+engine's threads run Python (the flusher: rows to the store and the dashboards), however
+many cores are free. So the ptdash variant then runs ``--stall-rounds`` pairs of blocks of
+``--stall-steps`` steps (about a second each), the flusher flushing in one and held in the
+other: the difference in the training thread's time off its CPU (wall less thread CPU)
+between neighbouring blocks is that wait.
+
 Targets: on ``gpt`` ptdash costs at most 1%; on ``wide`` at most 3% (ptdash/plain <= 1.03),
 and the budget's own measure of ptdash's time (the hooks' ``own`` time of every step,
-as the engine stores it in ``ptdash/step_pct``) is printed beside the paired measure; on ``mlp`` at most one fused norm pass (the
-``norm`` variant's cost over ``plain``, measured the same way in the same run) plus
-50 µs per step. The last lines judge each target on the paired measures (the training
-thread alone, and all threads), PASS or FAIL; and on the block medians, PASS or FAIL
+as the engine stores it in ``ptdash/step_pct``) is printed beside the paired measure; on
+``mlp`` at most one fused norm pass (the ``norm`` variant's cost over ``plain``, measured
+the same way in the same run) plus 50 µs per step. The last lines judge each target on
+the paired measures (the training thread alone; with the GIL wait added, the step as the
+training thread lives it when the engine's threads have cores of their own; and with all
+the engine threads' CPU added), PASS or FAIL; and on the block medians, PASS or FAIL
 where their spread between rounds is narrower than the budget, NOISE where it is not
 (a measure that cannot tell the budget apart from the machine's noise decides nothing).
 """
@@ -86,10 +95,11 @@ LABELS = {
     "naive": "naive `.item()` per param",
     "tensorboard": "TensorBoard `add_scalar` per value",
 }
-WORKLOADS = {  # variants; steps per block, rounds, warm-up steps, paired cycles, steps per pair (minutes in all)
-    "mlp": (("plain", "norm", "ptdash", "naive"), 100, 16, 200, 300, 4),
-    "gpt": (("plain", "ptdash", "naive"), 6, 12, 6, 40, 2),
-    "wide": (("plain", "ptdash", "naive", "tensorboard"), 100, 16, 200, 300, 8),
+WORKLOADS = {  # variants; steps per block, rounds, warm-up steps, paired cycles, steps per pair,
+    # steps per GIL-wait block (about a second), GIL-wait rounds (minutes in all)
+    "mlp": (("plain", "norm", "ptdash", "naive"), 100, 16, 200, 300, 4, 160, 10),
+    "gpt": (("plain", "ptdash", "naive"), 6, 12, 6, 40, 2, 8, 6),
+    "wide": (("plain", "ptdash", "naive", "tensorboard"), 100, 16, 200, 300, 8, 500, 10),
 }
 ANCHORS = ("naive", "tensorboard")
 """Variants for reference only: timed in the blocks, left out of the paired runs."""
@@ -135,6 +145,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pairs", type=int, help="cycles of short runs alternating the variants "
                         f"(default: {defaults(4)})")
     parser.add_argument("--pair-steps", type=int, help=f"timed steps per short run (default: {defaults(5)})")
+    parser.add_argument("--stall-steps", type=int, help=f"steps per GIL-wait block (default: {defaults(6)})")
+    parser.add_argument("--stall-rounds", type=int, help=f"pairs of GIL-wait blocks (default: {defaults(7)})")
     parser.add_argument("--threads", type=int, default=1,
                         help="OMP_NUM_THREADS and torch.set_num_threads (default 1)")
     parser.add_argument("--no-client", dest="client", action="store_false",
@@ -424,6 +436,10 @@ class Result:
     hook_ns: int = 0
     hook_steps: int = 0
     """Time inside ptdash's hooks (HookClock) over the ptdash variant's timed steps."""
+    stall: list = field(default_factory=list)
+    """Per stall round, the training thread's extra time off its CPU per step (s) with the
+    flusher flushing against the flusher held (``time_stall``)."""
+    stall_steps: int = 0
     own: list = field(default_factory=list)
     """The engine's own measure (StepRecord.own, seconds) of each main step it recorded
     after the warm-up, as the budget sees it."""
@@ -498,10 +514,53 @@ def time_pairs(engine, w: Workload, cycles: int, steps: int, result: Result, clo
             instrument(engine, False)
 
 
-def measure(name: str, steps: int, rounds: int, warmup: int, pairs: int, pair_steps: int, root: Path,
-            client: bool, load: list) -> Result:
+def time_stall(engine, w: Workload, rounds: int, steps: int, result: Result) -> None:
+    """What the engine's threads cost the training thread while it waits for the GIL.
+
+    A thread holds the GIL while it runs Python; the training thread needs it between its
+    kernels, so the flusher's Python work stalls it however many cores are free, and its
+    thread clock (the paired runs) does not see the wait. Here the ptdash variant runs
+    in blocks of about a second, the flusher flushing in one and held in the other (its
+    records dropped), in turns; the training thread's time off its CPU per step (wall
+    less thread CPU: GIL waits and preemption by other processes alike) is compared within
+    each pair of neighbouring blocks, so the machine's noise cancels and the wait remains.
+    """
+    flusher, pending = engine.flusher, engine.recorder._pending
+    flush = flusher.flush
+    held = threading.Event()
+
+    def gated(*args, **kwargs):
+        if held.is_set():
+            pending.clear()
+            return None
+        return flush(*args, **kwargs)
+
+    flusher.flush = gated
+    instrument(engine, True)
+    try:
+        for r in range(rounds):
+            off = {}
+            for state in (("on", "held") if r % 2 else ("held", "on")):
+                held.set() if state == "held" else held.clear()
+                w.step("ptdash")
+                t0, c0 = time.perf_counter(), time.thread_time()
+                for _ in range(steps):
+                    w.step("ptdash")
+                off[state] = (time.perf_counter() - t0 - (time.thread_time() - c0)) / steps
+                held.clear()
+                time.sleep(engine.config.flush_interval + 0.1)  # the held block's records are gone: start even
+            result.stall.append(off["on"] - off["held"])
+            result.stall_steps += 2 * (steps + 1)
+    finally:
+        instrument(engine, False)
+        del flusher.flush
+
+
+def measure(name: str, steps: int, rounds: int, warmup: int, pairs: int, pair_steps: int, stall_steps: int,
+            stall_rounds: int, root: Path, client: bool, load: list) -> Result:
     variants = WORKLOADS[name][0]
-    total = warmup * 2 + rounds * len(variants) * (steps + 1) + pairs * (len(variants) - 1) * (pair_steps + 1) + 10
+    total = (warmup * 2 + rounds * len(variants) * (steps + 1) + pairs * (len(variants) - 1) * (pair_steps + 1)
+             + stall_rounds * 2 * (stall_steps + 1) + 10)
     with live_engine(root, name, client) as (engine, extra):
         settle = engine.config.flush_interval + 0.1
         # Built with the hooks attached, as under the ptdash command, so discovery runs.
@@ -528,6 +587,7 @@ def measure(name: str, steps: int, rounds: int, warmup: int, pairs: int, pair_st
         # The paired runs time the hooks without the clock's wrappers (a microsecond or two each).
         clock.close(engine.hooks)
         time_pairs(engine, w, pairs, pair_steps, result, clock)
+        time_stall(engine, w, stall_rounds, stall_steps, result)
         w.close()
         result.steps_recorded = engine.hooks.step
         result.every = engine.budget.every
@@ -614,6 +674,8 @@ def costs(result: Result) -> dict:
         per_step = {v: t[name] / max(t["steps"], 1) * 1e6 for v, t in result.threads.items()}
         out[name] = per_step["ptdash"] - per_step["plain"]
     out["threads"] = out["ptdash-flush"] + out["ptdash-server"]
+    stall = [x * 1e6 for x in result.stall]
+    out["stall"] = {"ci": mean_ci(stall), "q": quartiles(stall)} if stall else None
     out["total"] = out["ptdash"]["ci"][0] + out["threads"]
     out["hooks"] = result.hook_ns / max(result.hook_steps, 1) / 1e3
     w = result.workload
@@ -637,6 +699,12 @@ def cost_lines(results: list[Result], all_costs: list[dict]) -> list[str]:
             line += f"; the norm variant {n:+.0f} µs mean [95% {nlo:+.0f}, {nhi:+.0f}]"
         line += (f"; engine threads per recorded step: flusher {c['ptdash-flush']:+.0f} µs, server "
                  f"{c['ptdash-server']:+.0f} µs; all threads {c['total']:+.0f} µs/step")
+        if c["stall"] is not None:
+            q = c["stall"]["q"]
+            line += (f"; the training thread waiting for the GIL the engine's threads hold: {q[1]:+.0f} µs/step "
+                     f"[IQR {q[0]:+.0f}, {q[2]:+.0f}] off its CPU ({len(result.stall)} pairs of "
+                     f"{result.stall_steps // max(2 * len(result.stall), 1) - 1}-step blocks, flusher flushing "
+                     f"against held)")
         if result.own:
             own = [x * 1e6 for x in result.own]
             line += (f"; the budget's own measure (StepRecord.own over {len(own)} recorded steps): median "
@@ -663,8 +731,7 @@ def verdicts(results: list[Result], summaries: list[dict], all_costs: list[dict]
             limit = (WIDE_TARGET_RATIO - 1) * plain
             anchors = ", ".join(f"{v} {s[v]['ratio'][1]:.3f}x" for v in result.variants if v != "plain")
             lines.append(f"wide, block medians against plain in the same run: {anchors}")
-            for what, shift in (("training thread (paired)", 0.0), ("all threads (paired)", c["threads"])):
-                mean, lo, hi = (x + shift for x in c["ptdash"]["ci"])
+            for what, (mean, lo, hi) in _paired_measures(c, c["ptdash"]["ci"]):
                 lines.append(f"{decide((mean, lo, hi), limit)} wide, {what}: ptdash/plain = {1 + mean / plain:.4f} "
                              f"[95% {1 + lo / plain:.4f}, {1 + hi / plain:.4f}] (target <= {WIDE_TARGET_RATIO})")
             for what, ratios in (("wall (blocks)", _ratios(result, "wall")), ("CPU (blocks)", _ratios(result, "cpu"))):
@@ -677,8 +744,7 @@ def verdicts(results: list[Result], summaries: list[dict], all_costs: list[dict]
             hooks = c["hooks"]
             lines.append(f"{'PASS' if hooks <= limit else 'FAIL'} gpt, inside ptdash's hooks: {hooks:.0f} µs/step "
                          f"= {hooks / plain:.2%} of the plain step (target <= 1%)")
-            for what, shift in (("training thread (paired)", 0.0), ("all threads (paired)", c["threads"])):
-                mean, lo, hi = (x + shift for x in c["ptdash"]["ci"])
+            for what, (mean, lo, hi) in _paired_measures(c, c["ptdash"]["ci"]):
                 lines.append(f"{decide((mean, lo, hi), limit)} gpt, {what}: ptdash/plain = {1 + mean / plain:.4f} "
                              f"[95% {1 + lo / plain:.4f}, {1 + hi / plain:.4f}] (target <= {GPT_TARGET_RATIO})")
             for what, ratios in (("wall (blocks)", _ratios(result, "wall")), ("CPU (blocks)", _ratios(result, "cpu"))):
@@ -691,8 +757,7 @@ def verdicts(results: list[Result], summaries: list[dict], all_costs: list[dict]
             lines.append(f"{'PASS' if hooks <= norm + MLP_BUDGET_US else 'FAIL'} mlp, inside ptdash's hooks: "
                          f"{hooks:.0f} µs/step; target <= the fused norm pass in the same loop {norm:.0f} µs + "
                          f"{MLP_BUDGET_US:.0f} = {norm + MLP_BUDGET_US:.0f} µs (timed alone, hot: {iso:.0f} µs)")
-            for what, shift in (("training thread (paired)", 0.0), ("all threads (paired)", c["threads"])):
-                mean, lo, hi = (x + shift for x in c["over_norm"])
+            for what, (mean, lo, hi) in _paired_measures(c, c["over_norm"]):
                 lines.append(f"{decide((mean, lo, hi), MLP_BUDGET_US)} mlp, {what}: ptdash costs {mean:+.0f} µs/step "
                              f"[95% {lo:+.0f}, {hi:+.0f}] more than the norm variant (target <= +{MLP_BUDGET_US:.0f})")
             for what, key in (("wall (blocks)", "wall"), ("CPU (blocks)", "cpu")):
@@ -701,6 +766,19 @@ def verdicts(results: list[Result], summaries: list[dict], all_costs: list[dict]
                 lines.append(f"{decide((mean, lo, hi), MLP_BUDGET_US)} mlp, {what}: ptdash costs {mean:+.0f} µs/step "
                              f"[95% {lo:+.0f}, {hi:+.0f}] more than the norm variant (target <= +{MLP_BUDGET_US:.0f})")
     return lines
+
+
+def _paired_measures(c: dict, ci: tuple[float, float, float]) -> list[tuple[str, tuple[float, float, float]]]:
+    """The paired runs' interval (µs per step) as three measures: the training thread's CPU
+    alone; plus the GIL wait (the step as the training thread lives it, with the engine's
+    threads on other cores: the two intervals added end to end, which errs wide); plus the
+    engine threads' CPU (all of ptdash's CPU, as if they shared the training thread's core)."""
+    out = [("training thread (paired)", ci)]
+    if c["stall"] is not None:
+        stall = c["stall"]["ci"]
+        out.append(("training thread + GIL wait (paired)", (ci[0] + stall[0], ci[1] + stall[1], ci[2] + stall[2])))
+    out.append(("all threads (paired)", tuple(x + c["threads"] for x in ci)))
+    return out
 
 
 def _ratios(result: Result, key: str) -> list[float]:
@@ -727,14 +805,18 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ptdash-overhead-") as tmp:
         for name in args.workloads:
             variants, *defaults = WORKLOADS[name]
-            given = (args.steps, args.rounds, args.warmup, args.pairs, args.pair_steps)
-            steps, rounds, warmup, pairs, pair_steps = (a if a is not None else d for a, d in zip(given, defaults))
+            given = (args.steps, args.rounds, args.warmup, args.pairs, args.pair_steps, args.stall_steps,
+                     args.stall_rounds)
+            steps, rounds, warmup, pairs, pair_steps, stall_steps, stall_rounds = (
+                a if a is not None else d for a, d in zip(given, defaults))
             t0 = time.monotonic()
             print(f"{name}: {rounds} rounds x {len(variants)} variants x {steps} steps "
-                  f"(+{warmup * 2} warm-up), then {pairs} cycles of {pair_steps}-step runs ...", flush=True)
-            result = measure(name, steps, rounds, warmup, pairs, pair_steps, Path(tmp), args.client, load)
+                  f"(+{warmup * 2} warm-up), then {pairs} cycles of {pair_steps}-step runs, then {stall_rounds} "
+                  f"pairs of {stall_steps}-step GIL-wait blocks ...", flush=True)
+            result = measure(name, steps, rounds, warmup, pairs, pair_steps, stall_steps, stall_rounds, Path(tmp),
+                             args.client, load)
             results.append(result)
-            expected = warmup + rounds * (steps + 1) + pairs * (pair_steps + 1)
+            expected = warmup + rounds * (steps + 1) + pairs * (pair_steps + 1) + result.stall_steps
             print(f"{name}: done in {time.monotonic() - t0:.0f} s; the engine recorded {result.steps_recorded} "
                   f"steps (expected {expected})", flush=True)
     load_end = os.getloadavg()
