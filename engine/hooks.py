@@ -57,6 +57,7 @@ from .tracked import ClipNotes, Tracked
 
 _perf_counter = time.perf_counter
 _isfinite = math.isfinite
+_FLOAT64 = torch.float64
 
 
 class Hooks(StepEnd, InferredSteps):
@@ -276,11 +277,18 @@ class Hooks(StepEnd, InferredSteps):
             # closure, no clip or LR override and nothing for the boundary to serve. Only the
             # loss is checked before the update (on CPU); the step is recorded at its end.
             self._in_step = self._at_boundary = self._in_lean = True
-            for loss in self._losses:
-                if loss.is_cpu and not _isfinite(loss.item()):
-                    self._unmetered(self.anomalies.before_update, opt, self.step + 1, None, [])
-                    self._lean = 0  # commands may have been applied in its pause
-                    break
+            losses = self._losses
+            for loss in losses:
+                if loss.is_cpu:
+                    value = loss.item()
+                    if not _isfinite(value):
+                        self._unmetered(self.anomalies.before_update, opt, self.step + 1, None, [])
+                        self._lean = 0  # commands may have been applied in its pause
+                        break
+                    if len(losses) == 1 and loss.dtype is not _FLOAT64:
+                        # Read already: the record keeps the number, the flush copies nothing.
+                        # (The flush reads losses as float32; a float64 one waits for it.)
+                        self._losses = [value]
             self._own += _perf_counter() - t_in
             return None
         if self._resume is not None:

@@ -40,7 +40,9 @@ class StepRecord(NamedTuple):
     wall: float
     """``time.time()`` at the step's end."""
     losses: list
-    """The step's loss tensors, one per micro-batch, added up (left to right) at the flush."""
+    """The step's loss tensors, one per micro-batch, added up (left to right) at the flush;
+    or the one loss's value as a float, when the training thread read it already (the
+    CPU loss of a lean step, hooks.py)."""
     total: Any
     """The total gradient norm (a 0-d tensor), or None."""
     layers: Any
@@ -135,7 +137,7 @@ class Recorder:
         add, extend = scalars.append, scalars.extend
         for r in records:
             losses = r.losses
-            if losses:
+            if losses and type(losses[0]) is not float:  # a float: read on the training thread already
                 add(losses[0] if len(losses) == 1 else fold(losses))
             if r.total is not None:
                 add(r.total)
@@ -152,7 +154,7 @@ class Recorder:
             values: dict[str, float | None] = {}
             finite = True
             if losses:
-                loss = next(host)
+                loss = losses[0] if type(losses[0]) is float else next(host)
                 values[names.loss] = loss = loss if _isfinite(loss) else None
                 if len(losses) > 1:
                     values[names.micro_batches] = float(len(losses))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ptdash.engine import Engine
 from ptdash.shared import rundir
 from ptdash.shared.config import RunConfig
+from ptdash.shared.reader import StoreReader
 
 
 def _train(steps: int) -> None:
@@ -33,3 +35,34 @@ def test_attaching_the_hooks_twice_still_counts_each_step_once(tmp_path):
         assert engine.hooks.step == 6
     finally:
         engine.finish("finished", 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_every_steps_loss_is_stored_as_the_script_computed_it_when_steps_are_thinned(tmp_path, dtype):
+    # A budget no step can meet: after the learning steps nearly every step takes the lean
+    # path, whose loss the training thread reads itself (float64 ones are left to the flush).
+    run_dir = rundir.create(tmp_path, "losses")
+    engine = Engine(run_dir, RunConfig(overhead_budget=0.001))
+    engine.start()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(16, 4, dtype=dtype), torch.randn(16, 1, dtype=dtype)
+    seen, thinned_at = [], None
+    try:
+        # Until the flusher has thinned the sampling (a few flushes in), then 200 steps more.
+        while thinned_at is None or len(seen) < thinned_at + 200:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            seen.append(loss.detach().float().item())  # what the store keeps: the float32 reading
+            if thinned_at is None and engine.budget.every > 1:
+                thinned_at = len(seen)
+            assert len(seen) < 1_000_000, "the budget never thinned the sampling"
+    finally:
+        engine.finish("finished", 0)
+    with StoreReader(run_dir / "metrics.db") as store:
+        steps, values = store.series("loss")
+    assert steps == list(range(1, len(seen) + 1))
+    assert values == seen
