@@ -2,7 +2,8 @@
 
 A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON. The JSON
 object carries ``"type"`` (the message kind) and ``"v"`` (the schema version) beside the
-message's fields. Decoding checks kind, version, field types and numbers, and raises
+message's fields; a Metrics message's rows travel as ``"packed"`` columns of binary
+numbers (packed.py), which decoding turns back into ``rows``. Decoding checks kind, version, field types and numbers, and raises
 ProtocolError, and nothing else, for anything the protocol does not carry. Stdlib only.
 
 The message types live in ``protocol``, which re-exports these names, so
@@ -17,8 +18,9 @@ import math
 import struct
 from typing import Any
 
+from . import packed
 from .numbers import json_safe
-from .protocol import MAX_FRAME, MESSAGES, VERSION, Message, ProtocolError
+from .protocol import MAX_FRAME, MESSAGES, VERSION, Message, Metrics, ProtocolError
 
 _HEADER = struct.Struct(">I")
 
@@ -42,6 +44,10 @@ def from_dict(body: Any) -> Message:
         raise ProtocolError(f"unknown message type {kind!r}")
     if body.get("v") != VERSION:
         raise ProtocolError(f"protocol version {body.get('v')!r} is not {VERSION}")
+    if "packed" in body and cls is Metrics:
+        if "rows" in body:
+            raise ProtocolError("bad metrics message: rows and packed rows both given")
+        body = {**body, "rows": packed.unpack(body["packed"])}
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {k: v for k, v in body.items() if k in names}
     try:
@@ -78,6 +84,11 @@ def encode(msg: Message) -> bytes:
     a flush's messages. Raises ProtocolError only for a frame above MAX_FRAME.
     """
     body = to_dict(msg)
+    if type(msg) is Metrics and msg.rows:
+        columns = packed.pack(msg.rows)  # the rows' numbers in binary (packed.py)
+        if columns is not None:
+            del body["rows"]
+            body["packed"] = columns
     try:
         text = json.dumps(body, separators=(",", ":"), allow_nan=False)
     except (ValueError, TypeError):  # the rare message holding NaN, a path, a huge int

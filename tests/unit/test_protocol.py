@@ -80,6 +80,6 @@ def test_every_message_encodes_whatever_numbers_it_holds():
     body = json.loads(encode(event)[4:])
     assert body["data"]["nan"] is None and body["data"]["inf"] == [None] and body["data"]["huge"] is None
     assert body["data"]["path"].startswith("<object")
-    rows = json.loads(encode(Metrics(rows=[[1, 0.0, {"loss": math.nan, "x": 1.0}]]))[4:])["rows"]
-    assert rows == [[1, 0.0, {"loss": None, "x": 1.0}]]
+    rows = decode(encode(Metrics(rows=[[1, 0.0, {"loss": math.nan, "x": 1.0, "y": -math.inf}]]))[4:]).rows
+    assert rows == [[1, 0.0, {"loss": None, "x": 1.0, "y": None}]]
     assert decode(encode(Status(state="running", step=1, clip=math.inf))[4:]).clip is None
