@@ -226,12 +226,17 @@ def cost_line(step_pct: float | None, threads_pct: float | None, budget_pct: flo
     """"ptdash: 0.4% of step time ..." from the engine's own measure (budget.py); None without one."""
     if step_pct is None and threads_pct is None:
         return None
-    said = "ptdash: " + ("N/A" if step_pct is None else f"{step_pct:.1f}% of step time")
+    said = "ptdash: " + ("N/A" if step_pct is None else f"{_percent(step_pct)} of step time")
     if budget_pct is not None:
         said += f" (budget {budget_pct:g}%)"
     if threads_pct is not None:
-        said += f", its threads {threads_pct:.1f}% of a core"
+        said += f", its threads {_percent(threads_pct)} of a core"
     return said
+
+
+def _percent(value: float) -> str:
+    """``0.4%``; a cost too small for one decimal is ``<0.1%``, not a ``0.0%`` that reads as none."""
+    return "<0.1%" if 0 < value < 0.05 else f"{value:.1f}%"
 
 
 def sampling_line(layers_every: float | None, doctor_every: float | None) -> str | None:
