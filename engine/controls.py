@@ -200,9 +200,8 @@ class Controls:
             fx.ack(cmd, True, step, f"resumed at step {step}")
         elif cmd.name == "clip":
             old, s.clip = s.clip, cmd.value
-            new = "off (the script's own clipping)" if s.clip is None else f"{s.clip:g}"
             fx.set_state(None)
-            fx.ack(cmd, True, step, f"clip norm {_fmt(old)} -> {new} from step {step + 1}")
+            fx.ack(cmd, True, step, _clip_change(old, s.clip, step + 1))
         elif cmd.name == "lr_scale":
             old, s.lr_scale = s.lr_scale, float(cmd.value)
             fx.set_state(None)
@@ -218,5 +217,12 @@ class Controls:
             self._profile(cmd, step)
 
 
-def _fmt(clip: float | None) -> str:
-    return "off" if clip is None else f"{clip:g}"
+def _clip_change(old: float | None, new: float | None, step: int) -> str:
+    """What a clip command did, None being no live clip (whatever the script itself clips at):
+    "clip norm 0.5 from step 121 (was the script's own clipping)"."""
+    if old is None:
+        return f"clip norm {new:g} from step {step} (was the script's own clipping)" if new is not None else \
+            "clip norm unchanged: the script's own clipping"
+    if new is None:
+        return f"clip norm {old:g} -> the script's own clipping from step {step}"
+    return f"clip norm {old:g} -> {new:g} from step {step}"

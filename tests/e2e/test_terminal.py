@@ -89,7 +89,7 @@ def test_demo_pause_resume_controls_and_leave_running(term, tmp_path):
         time.sleep(0.3)
         term.type("main", "0.5")
         term.keys("main", "Enter")
-        term.wait_for("main", "-> 0.5", 30)
+        term.wait_for("main", "clip norm 0.5 from step", 30)
 
         # l sets the LR factor.
         term.keys("main", "l")

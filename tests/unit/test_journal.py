@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from ptdash.controls import Settings
 from ptdash.journal import Journal
 from ptdash.shared import rundir
@@ -75,3 +77,17 @@ def test_every_refusal_is_answered_but_a_flood_is_journaled_a_few_at_a_time():
     assert events[0].message == "'\\udcffbad' refused: unknown command"  # printable, as quoted
     assert events[-1].message == "clip refused: clip norm must be from 1e-6 to 1e6 (7 earlier refusals not journaled)"
     assert events[-1].data["unjournaled"] == 7
+
+
+@pytest.mark.parametrize("old, new, said", [
+    (None, 0.5, "clip norm 0.5 from step 121 (was the script's own clipping)"),
+    (0.5, 0.25, "clip norm 0.5 -> 0.25 from step 121"),
+    (0.5, None, "clip norm 0.5 -> the script's own clipping from step 121"),
+    (None, None, "clip norm unchanged: the script's own clipping"),
+])
+def test_a_clip_change_says_what_it_replaced(old, new, said):
+    # "off" was the word for no live clip, and read "clip norm off -> 0.5" beside a chart
+    # showing the script's own "clip 1".
+    from ptdash.controls import _clip_change
+
+    assert _clip_change(old, new, 121) == said
