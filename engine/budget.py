@@ -6,8 +6,11 @@ stay within ``--overhead-budget`` (a percentage of the step time, default 1%).
 command's work): each main step's ``own`` time, and within it the ``extra`` time of a
 sampled step (the per-layer norm pass, the pre-update finite check of the gradients, the
 update-ratio copies and the doctor's checks). Each StepRecord carries both; the flusher
-hands the records to ``observe`` and asks ``decide`` once a flush. The flusher's and the
-server's CPU time (their thread clocks) are measured by ``reading`` once a second.
+hands the records to ``observe`` and asks ``decide`` once a flush. The first step of the
+process is left out: its own time is ptdash's start-up (finding the optimizer, the model,
+the loaders), tens of milliseconds that a short run's figure would otherwise show as cost.
+The flusher's and the server's CPU time (their thread clocks) are measured by ``reading``
+once a second.
 
 **The decision.** Over the last STEP_WINDOW main steps (medians, so a preempted step
 does not count), a step costs ptdash ``fixed + extra / k`` when one step in ``k`` is
@@ -90,6 +93,7 @@ class Budget:
         """(step time, fixed cost) of recent main steps."""
         self._extra: collections.deque[float] = collections.deque(maxlen=SAMPLED_WINDOW)
         self._seen = 0
+        self._first_skipped = False
         self._last_step = 0
         self._own = self._time = 0.0
         """ptdash's training-thread time and the steps' time since the last reading."""
@@ -111,6 +115,11 @@ class Budget:
         """The main steps of a flush (flusher thread): their time and ptdash's cost."""
         for r in records:
             if r.opt or r.times is None:
+                continue
+            if not self._first_skipped:
+                # The process's first step: its own time is ptdash's start-up (finding the
+                # optimizer, the model, the loaders; tens of milliseconds), not a step's cost.
+                self._first_skipped = True
                 continue
             step_s = r.times[3] - r.times[0]
             own, extra = r.own, r.extra

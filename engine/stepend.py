@@ -107,13 +107,16 @@ class StepEnd:
         if self.clip_notes.notes:
             self.clip_notes.clear()
         self._t_post, self._t_forward, self._t_pre, self._inner, self._samples = now, None, None, 0.0, 0
+        once = 0.0
         if not self._discovered:  # the first step of this process (a resumed run starts at N)
             self._discovered = True
+            t_once = _perf_counter()
             self._discovered_cb(opt)
+            once = _perf_counter() - t_once  # start-up (naming layers, the schedule): not a step's cost
         self._step_end(step)
         self._next_step(opt, step)
         # What this step's end cost after its record is counted with the next step.
-        self._own = _perf_counter() - t_record
+        self._own = _perf_counter() - t_record - once
 
     def _next_step(self, opt, step: int) -> None:
         """Get the hooks ready for step ``step + 1``: the forward hook, and its path."""
