@@ -17,6 +17,7 @@ from typing import Callable
 
 from .discovery import Discovery, param_names
 from .recorder import Recorder, _to_host
+from .shared import packed
 from .shared.protocol import LayerNames, Layers, Message, Metrics, Samples, to_dict
 
 log = logging.getLogger("ptdash.flusher")
@@ -131,8 +132,13 @@ class Flusher:
         if self._push is not None:
             layers = [to_dict(m) for m in stored + schedules] if self.push_layers else []
             if rows or events or samples or layers:
-                self._push({"rows": rows, "events": [to_dict(e) for e in events], "samples": samples,
-                            "layers": layers})
+                payload = {"events": [to_dict(e) for e in events], "samples": samples, "layers": layers}
+                columns = packed.pack(rows) if rows else None  # binary numbers, not float text (packed.py)
+                if columns is not None:
+                    payload["packed"] = columns
+                else:
+                    payload["rows"] = rows
+                self._push(payload)
             for msg in live + schedules:  # rank 0 in another process: to the dashboards through the hub
                 self._publish(msg)
             return

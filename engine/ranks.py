@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from .shared import packed
 from .shared.protocol import Event, LayerNames, Layers, Message, Metrics, Samples, Schedule
 from .shared.wire import from_dict
 
@@ -65,7 +66,10 @@ class RankCollector:
         self._watch(now)
 
     def _take(self, rank: int, payload: dict, now: float) -> None:
-        rows = [r for r in payload.get("rows") or [] if isinstance(r, list) and len(r) == 3]
+        if payload.get("packed") is not None:
+            rows = packed.unpack(payload["packed"])  # ProtocolError for a damaged one: this flush is dropped
+        else:
+            rows = [r for r in payload.get("rows") or [] if isinstance(r, list) and len(r) == 3]
         samples = payload.get("samples") or []
         events = [replace(e, rank=rank) for e in map(from_dict, payload.get("events") or []) if isinstance(e, Event)]
         layers = [m for m in map(from_dict, payload.get("layers") or [])
