@@ -266,7 +266,7 @@ class Engine:
         self.journal.event("run", f"{who}{state} with exit code {exit_code}"
                            + (f": {detail.splitlines()[-1]}" if detail else ""))
         self.flusher.stop()
-        self.flusher.flush(self.flusher.sample())
+        self.flusher.flush(sample=True)
         if self.preview is not None:
             self.preview.close()
         if not self.primary:
@@ -276,7 +276,7 @@ class Engine:
             if not self.hub.wait_ranks_gone(RANKS_GONE_SECONDS):
                 log.warning("ranks still connected %.0f s after the end; their last rows may be missing",
                             RANKS_GONE_SECONDS)
-            self.flusher.flush(None)  # what other ranks sent meanwhile
+            self.flusher.flush()  # what other ranks sent meanwhile
             self.hub.stop()
             self.server.stop()
             self.store.close()

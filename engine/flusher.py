@@ -101,9 +101,8 @@ class Flusher:
                 break
             try:
                 now = time.monotonic()
-                sample = None
-                if now - last_system >= 1.0:
-                    sample = self.sample()
+                sample = now - last_system >= 1.0
+                if sample:
                     last_system = now
                 self.flush(sample)
                 if now - last_status >= 1.0:
@@ -119,8 +118,10 @@ class Flusher:
             values.update(self._budget.reading())
         return [time.time(), {k: v for k, v in values.items() if v is not None}]
 
-    def flush(self, sample: list | None = None) -> None:
-        """Move everything recorded to the store and the dashboards."""
+    def flush(self, sample: bool = False) -> None:
+        """Move everything recorded to the store and the dashboards; with ``sample``, and a
+        reading of the host, the GPUs and ptdash's own cost, taken after the drain so that
+        it counts the steps just drained (a run's last flush holds its last steps)."""
         rows, layer_rows = self._recorder.drain()
         self._rebudget()
         schedules = self._schedule_ahead(rows)
@@ -128,7 +129,7 @@ class Flusher:
         self._anomalies.check_rows(rows)
         stored, live = self._layers(layer_rows)
         events = self._journal.drain()
-        samples = [sample] if sample else []
+        samples = [self.sample()] if sample else []
         if self._push is not None:
             layers = [to_dict(m) for m in stored + schedules] if self.push_layers else []
             if rows or events or samples or layers:

@@ -66,3 +66,20 @@ def test_every_steps_loss_is_stored_as_the_script_computed_it_when_steps_are_thi
         steps, values = store.series("loss")
     assert steps == list(range(1, len(seen) + 1))
     assert values == seen
+
+
+def test_a_run_shorter_than_a_reading_still_has_its_cost_figure(tmp_path):
+    # The last reading is taken after the last drain: a run whose steps all reach the
+    # flusher at its final flush (a short DDP rank) showed "ptdash: N/A".
+    run_dir = rundir.create(tmp_path, "short")
+    engine = Engine(run_dir, RunConfig())
+    engine.start()
+    engine.flusher.stop()  # no flush until the run's last: every step is drained there
+    try:
+        _train(20)
+    finally:
+        engine.finish("finished", 0)
+    with StoreReader(run_dir / "metrics.db") as store:
+        assert store.last_step() == 20
+        shares = [v for v in store.sampled("ptdash/step_pct")[1] if v is not None]
+    assert shares and all(0 < v < 100 for v in shares)
