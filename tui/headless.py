@@ -47,10 +47,36 @@ SLOW_RATE = 0.5
 
 class _Out:
     """stdout that never raises: a reader that went away (``| head``, a dead ``tee``)
-    turns the printing off, never the run's stop."""
+    turns the printing off, never the run's stop.
+
+    The script's output (``script``) and ptdash's own lines (``line``) share it. A line of
+    ptdash's that comes while the script is inside a line (its ``print`` wrote the text,
+    not yet the newline) starts on a line of its own, and the script's newline, when it
+    comes next, is not written again: "loss 0.07[ptdash] no space left..." never happens.
+    """
 
     def __init__(self) -> None:
         self.broken = False
+        self._mid_line = False
+        """The script's output stopped inside a line."""
+        self._owed = False
+        """ptdash ended the script's line for it: the script's own newline is dropped if it comes next."""
+
+    def script(self, data: bytes) -> None:
+        if not data:
+            return
+        if self._owed and data.startswith(b"\n"):
+            data = data[1:]
+        self._owed = False
+        if data:
+            self._mid_line = not data.endswith(b"\n")
+            self.write(data)
+
+    def line(self, data: bytes) -> None:
+        if self._mid_line:
+            data = b"\n" + data
+            self._mid_line, self._owed = False, True
+        self.write(data)
 
     def write(self, data: bytes) -> None:
         if self.broken or not data:
@@ -71,7 +97,7 @@ OUT = _Out()
 
 def say(line: str) -> None:
     """Print one of ptdash's lines (never raises)."""
-    OUT.write((line + "\n").encode("utf-8", "backslashreplace"))
+    OUT.line((line + "\n").encode("utf-8", "backslashreplace"))
 
 
 def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: socket.socket | None = None,
@@ -166,7 +192,7 @@ def _copy_new(path: Path, offset: int) -> int:
             data = f.read()
     except FileNotFoundError:
         return offset
-    OUT.write(data)
+    OUT.script(data)
     return offset + len(data)
 
 
@@ -176,7 +202,7 @@ def _print_frames(front: FrontLink) -> bool:
     full = False
     for kind, payload in front.frames():
         if kind == OUTPUT:
-            OUT.write(payload)
+            OUT.script(payload)
         elif kind == NOTICE:
             text = payload.decode("utf-8", "replace")
             full |= text.startswith("no space left")

@@ -54,3 +54,37 @@ def test_a_paused_run_says_so_first_and_has_no_eta(tmp_path):
     with StoreReader(run_dir / STORE_NAME) as reader:
         line = progress_line(reader, rundir.read_info(run_dir))
     assert line.startswith("[ptdash] paused | step 500/2000 |") and "ETA" not in line, line
+
+
+def _written(monkeypatch, parts: list[tuple[str, bytes]]) -> bytes:
+    import io
+    import sys
+
+    from ptdash.tui.headless import _Out
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, write_through=True))
+    out = _Out()
+    for kind, data in parts:
+        out.script(data) if kind == "script" else out.line(data)
+    sys.stdout.flush()
+    return raw.getvalue()
+
+
+def test_a_ptdash_line_inside_a_script_line_starts_a_line_of_its_own(monkeypatch):
+    # print("loss 0.07") writes the text, then the newline: a notice came in between, and
+    # "loss 0.07[ptdash] no space left ..." was one line of the script's output.
+    got = _written(monkeypatch, [("script", b"step 35\nloss 0.07"), ("line", b"[ptdash] no space left\n"),
+                                 ("script", b"\nstep 37\n")])
+    assert got == b"step 35\nloss 0.07\n[ptdash] no space left\nstep 37\n"
+
+
+def test_a_progress_bar_keeps_its_carriage_returns_around_a_ptdash_line(monkeypatch):
+    got = _written(monkeypatch, [("script", b"\r 10%"), ("line", b"[ptdash] running\n"), ("script", b"\r 20%"),
+                                 ("script", b"\n"), ("line", b"[ptdash] finished\n")])
+    assert got == b"\r 10%\n[ptdash] running\n\r 20%\n[ptdash] finished\n"
+
+
+def test_whole_lines_are_written_as_they_come(monkeypatch):
+    got = _written(monkeypatch, [("script", b"a\n"), ("line", b"[ptdash] x\n"), ("script", b"\nb\n")])
+    assert got == b"a\n[ptdash] x\n\nb\n"  # the script's own empty line is kept
