@@ -119,9 +119,9 @@ class Flusher:
         return [time.time(), {k: v for k, v in values.items() if v is not None}]
 
     def flush(self, sample: bool = False) -> None:
-        """Move everything recorded to the store and the dashboards; with ``sample``, and a
-        reading of the host, the GPUs and ptdash's own cost, taken after the drain so that
-        it counts the steps just drained (a run's last flush holds its last steps)."""
+        """Move everything recorded to the store and the dashboards. With ``sample``, also a
+        reading of the host, the GPUs and ptdash's own cost, taken after the drain so that it
+        counts the steps just drained (a run's last flush holds its last steps)."""
         rows, layer_rows = self._recorder.drain()
         self._rebudget()
         schedules = self._schedule_ahead(rows)

@@ -3,8 +3,9 @@
 A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON. The JSON
 object carries ``"type"`` (the message kind) and ``"v"`` (the schema version) beside the
 message's fields; a Metrics message's rows travel as ``"packed"`` columns of binary
-numbers (packed.py), which decoding turns back into ``rows``. Decoding checks kind, version, field types and numbers, and raises
-ProtocolError, and nothing else, for anything the protocol does not carry. Stdlib only.
+numbers (packed.py), which decoding turns back into ``rows``. Decoding checks kind,
+version, field types and numbers, and raises ProtocolError, and nothing else, for
+anything the protocol does not carry. Stdlib only.
 
 The message types live in ``protocol``, which re-exports these names, so
 ``protocol.encode`` and ``from ptdash.shared.protocol import decode`` keep working.
