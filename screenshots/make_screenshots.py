@@ -92,7 +92,7 @@ async def live_shots(run_dir: Path, out: Path) -> None:
         await pilot.press("g")
         await wait(pilot, lambda: isinstance(app.screen, ValueDialog), "the clip dialog")
         await pilot.press(*["backspace"] * 8, "0", "full_stop", "5", "enter")
-        await wait(pilot, lambda: "-> 0.5" in events_text(app), "the clip change")
+        await wait(pilot, lambda: "clip norm 0.5 from step" in events_text(app), "the clip change")
         await pilot.press("space")
         await wait(pilot, lambda: "resume applied" in events_text(app), "the resume")
         resumed = app.state.status.step
