@@ -134,11 +134,7 @@ class Flusher:
             layers = [to_dict(m) for m in stored + schedules] if self.push_layers else []
             if rows or events or samples or layers:
                 payload = {"events": [to_dict(e) for e in events], "samples": samples, "layers": layers}
-                columns = packed.pack(rows) if rows else None  # binary numbers, not float text (packed.py)
-                if columns is not None:
-                    payload["packed"] = columns
-                else:
-                    payload["rows"] = rows
+                packed.put(payload, rows)  # binary numbers, not float text (packed.py)
                 self._push(payload)
             for msg in live + schedules:  # rank 0 in another process: to the dashboards through the hub
                 self._publish(msg)

@@ -66,10 +66,8 @@ class RankCollector:
         self._watch(now)
 
     def _take(self, rank: int, payload: dict, now: float) -> None:
-        if payload.get("packed") is not None:
-            rows = packed.unpack(payload["packed"])  # ProtocolError for a damaged one: this flush is dropped
-        else:
-            rows = [r for r in payload.get("rows") or [] if isinstance(r, list) and len(r) == 3]
+        # ProtocolError for a damaged packing: this flush is dropped (collect logs it).
+        rows = [r for r in packed.take(payload) if isinstance(r, list) and len(r) == 3]
         samples = payload.get("samples") or []
         events = [replace(e, rank=rank) for e in map(from_dict, payload.get("events") or []) if isinstance(e, Event)]
         layers = [m for m in map(from_dict, payload.get("layers") or [])

@@ -49,6 +49,26 @@ def pack(rows: list) -> dict | None:
         return None
 
 
+def put(body: dict, rows: list) -> None:
+    """Give ``body`` (a Metrics message, a rank's flush) its rows: as ``packed`` columns, or
+    as ``rows`` when there are none or the columns cannot hold them."""
+    columns = pack(rows) if rows else None
+    if columns is None:
+        body["rows"] = rows
+    else:
+        body.pop("rows", None)
+        body["packed"] = columns
+
+
+def take(body: dict) -> list:
+    """The rows ``put`` gave ``body``; ProtocolError for a damaged packing, or for both forms."""
+    if "packed" not in body:
+        return body.get("rows") or []
+    if "rows" in body:
+        raise ProtocolError("bad metrics message: rows and packed rows both given")
+    return unpack(body["packed"])
+
+
 def unpack(packed) -> list[list]:
     """The rows ``pack`` made into ``packed``: non-finite values as None."""
     if not isinstance(packed, dict) or not isinstance(packed.get("groups"), list):

@@ -46,9 +46,7 @@ def from_dict(body: Any) -> Message:
     if body.get("v") != VERSION:
         raise ProtocolError(f"protocol version {body.get('v')!r} is not {VERSION}")
     if "packed" in body and cls is Metrics:
-        if "rows" in body:
-            raise ProtocolError("bad metrics message: rows and packed rows both given")
-        body = {**body, "rows": packed.unpack(body["packed"])}
+        body = {**body, "rows": packed.take(body)}
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {k: v for k, v in body.items() if k in names}
     try:
@@ -85,11 +83,8 @@ def encode(msg: Message) -> bytes:
     a flush's messages. Raises ProtocolError only for a frame above MAX_FRAME.
     """
     body = to_dict(msg)
-    if type(msg) is Metrics and msg.rows:
-        columns = packed.pack(msg.rows)  # the rows' numbers in binary (packed.py)
-        if columns is not None:
-            del body["rows"]
-            body["packed"] = columns
+    if type(msg) is Metrics:
+        packed.put(body, msg.rows)  # the rows' numbers in binary (packed.py)
     try:
         text = json.dumps(body, separators=(",", ":"), allow_nan=False)
     except (ValueError, TypeError):  # the rare message holding NaN, a path, a huge int
