@@ -23,7 +23,8 @@ of this process have been seen.
 
 1. per-layer gradient norms, and with them the total norm and the pre-update finite
    check of the gradients, on one step in ``k`` (unless the script's own clip computes
-   them anyway: then they are kept every step, at no cost);
+   them anyway: then they are kept every step, at no cost). Every optimizer follows the
+   main one's period, and so do the inferred steps of a script without one (manual.py);
 2. update ratios: at the first sampled step at or after each ``--update-ratio-every``;
 3. the doctor's training-thread checks and the step-time split (forward timing, data
    waits): one step in ``16 k`` instead of one in 16.

@@ -7,7 +7,9 @@ reaches are the parameters, and a backward that finds them cleared since the pre
 one (set to None, replaced, or zeroed in place) starts a new step; one that finds them
 as the previous backward left them is accumulating into the same step. The norms of a
 step are taken after each of its backwards (the last one's count), because by the time
-the next step begins the script has cleared them.
+the next step begins the script has cleared them: on the steps the cost budget samples
+(budget.py), and on every step when the script clips (its clip measures them) or the
+live clip needs them. The other steps check their loss before the update.
 """
 
 from __future__ import annotations
@@ -99,27 +101,47 @@ class ManualSteps:
         holder.param_groups = [{"params": self.params}]
         return find_models([holder])
 
-    def after_backward(self, settings, anomalies, step: int) -> None:
-        """After a backward: the step's norms so far, the clip override, the finite check."""
+    def after_backward(self, settings, sampled: bool, losses: list) -> tuple | None:
+        """After a backward, before the script's own update: the step's norms so far (on the
+        steps the cost budget samples, and whenever the live clip needs them), the clip
+        override, the finite check. ``(per-parameter norms or None, params)`` when the step
+        is not finite (on CPU: exact), else None. The caller then calls ``sync``.
+
+        On a step the budget does not sample only the latest loss is checked, as on an
+        optimizer's lean path (hooks.py); the script's own clip, if it clips, gives the
+        step's norms anyway (``end_of_step``).
+        """
         params = [p for p in self.params or () if p.grad is not None]
         if not params:
-            self.sync()
-            return
-        per_tensor, total = metrics.grad_norms([p.grad for p in params])
-        self.norms = (per_tensor, total, params)
-        if settings.clip is not None and not self.script_clips:
-            metrics.clip_with_norm(params, settings.clip, total)
-        if self.active and total.is_cpu and not math.isfinite(total.item()):
-            anomalies.before_manual_update(step + 1, per_tensor, params)
-        self.sync()
+            return None
+        clip = settings.clip if not self.script_clips else None
+        if sampled or clip is not None:
+            per_tensor, total = metrics.grad_norms([p.grad for p in params])
+            self.norms = (per_tensor, total, params)
+            if clip is not None:
+                metrics.clip_with_norm(params, clip, total)
+            if self.active and total.is_cpu and not math.isfinite(total.item()):
+                return per_tensor, params
+            return None
+        self.norms = None
+        loss = losses[-1] if losses else None
+        if self.active and loss is not None and loss.is_cpu and not math.isfinite(loss.item()):
+            return None, params
+        return None
 
     def end_of_step(self, clip_notes: list, settings) -> tuple:
-        """The step that just ended: ``(per-parameter norms, total, params, clip in force)``."""
+        """The step that just ended: ``(per-parameter norms, total, params, clip in force)``.
+
+        The norms are those after its latest backward, or on a step that took none, those
+        the script's own clip measured (before clipping, as the backward's would be).
+        """
         self.active = True
         note = clip_notes[-1] if clip_notes else None
         self.script_clips = note is not None
         clip_max = note[3] if note is not None else settings.clip
         norms, self.norms = self.norms, None
+        if norms is None and note is not None and note[1] is not None:
+            norms = (note[1], note[2], note[0])
         return (*(norms or (None, None, None)), clip_max)
 
     def count_backward(self) -> bool:
@@ -155,8 +177,22 @@ class InferredSteps:
             self._losses = []
 
     def after_manual_backward(self) -> None:
-        """After a backward of an optimizer-less script: its norms, clip and finite check."""
-        self.manual.after_backward(self.settings, self.anomalies, self.step)
+        """After a backward of an optimizer-less script: its norms, clip and finite check,
+        timed as ptdash's own (the norm pass as the sampled part, budget.py)."""
+        t0 = _perf_counter()
+        manual, step = self.manual, self.step
+        sampled = (step + 1) % self._budget.every == 0
+        bad = manual.after_backward(self.settings, sampled, self._losses)
+        paused = 0.0
+        if bad is not None:  # may pause: not ptdash's time
+            t_bad = _perf_counter()
+            self.anomalies.before_manual_update(step + 1, *bad)
+            paused = _perf_counter() - t_bad
+        manual.sync()
+        spent = _perf_counter() - t0 - paused
+        self._own += spent
+        if manual.norms is not None:
+            self._extra += spent
 
     def note_backward_without_step(self) -> None:
         """Count a backward while no step of any kind is known (the doctor says so once)."""

@@ -98,7 +98,7 @@ class StepEnd:
         step_s = now - start
         self.last_step_s = 0.9 * self.last_step_s + 0.1 * step_s if self.last_step_s else step_s
         doctor = self.doctor
-        if opt is not None and step >= doctor.post_from:
+        if step >= doctor.post_from:
             doctor.on_post_step(opt, step)
         self.step = step
         if self.main is None:

@@ -41,7 +41,8 @@ def wrap_backward(hooks, original):
         loss = t if isinstance(t, Tensor) and t.numel() == 1 else None
         if hooks._t_post is None:
             hooks.began()
-        if hooks.main is None and loss is not None and loss.grad_fn is not None and hooks.optimizer_less():
+        inferred = hooks.main is None and hooks.optimizer_less()
+        if inferred and loss is not None and loss.grad_fn is not None:
             # No optimizer exists: perhaps the script updates its parameters itself.
             first = manual.params is None
             if manual.starts_step(loss):
@@ -62,7 +63,7 @@ def wrap_backward(hooks, original):
         hooks._own += _perf_counter() - t_in
         result = original(tensors, *args, **kwargs)
         if hooks.main is None:
-            if manual.params and hooks.optimizer_less():
+            if inferred and manual.params:
                 hooks.after_manual_backward()
             hooks.note_backward_without_step()
         return result

@@ -159,6 +159,8 @@ class Doctor:
         doctor = self
 
         def zero_grad(module, *args, **kwargs):
+            if not doctor.watching:  # as the optimizer's zero_grad (wrappers.py): watched steps only
+                return original(module, *args, **kwargs)
             before = doctor.gradients.sample_state()
             result = original(module, *args, **kwargs)
             if doctor.gradients.sample is None or doctor.gradients.sample_state() != before:
@@ -185,10 +187,11 @@ class Doctor:
         """After the update of step ``step``: decides whether the next step is watched.
 
         The hooks call it from step ``post_from`` on: every step while watching (or on
-        CUDA, for the sync sampler), else only before the next watched step.
+        CUDA, for the sync sampler), else only before the next watched step. ``opt`` is the
+        main optimizer, or None for an inferred step of a script without one (manual.py).
         """
         try:
-            if self._main is None or self._main() is not opt:
+            if (self._main() if self._main is not None else None) is not opt:
                 return
             every = WATCH_EVERY * self.spacing
             watch = watches(step + 1, every)

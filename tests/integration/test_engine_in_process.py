@@ -83,3 +83,86 @@ def test_a_run_shorter_than_a_reading_still_has_its_cost_figure(tmp_path):
         assert store.last_step() == 20
         shares = [v for v in store.sampled("ptdash/step_pct")[1] if v is not None]
     assert shares and all(0 < v < 100 for v in shares)
+
+
+def _manual_training(engine, clip: float | None, plant_nan: bool = False):
+    """Optimizer-less training (``p -= lr * p.grad``, the PyTorch tutorials' loop) until the
+    budget has thinned the sampling, then 200 steps more; a NaN loss planted, if asked, on
+    the 50th of them (a step the period in force does not sample). Returns the losses the
+    script computed, the step thinning began after, the planted step and whether the
+    parameters stayed finite after it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    seen, thinned_at, planted, finite = [], None, None, True
+    while thinned_at is None or len(seen) < thinned_at + 200:
+        step = len(seen) + 1
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if plant_nan and planted is None and thinned_at is not None and step >= thinned_at + 50 \
+                and step % engine.budget.every:
+            loss, planted = loss * float("nan"), step
+        model.zero_grad()
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(p.grad, alpha=-0.05)
+        if planted == step:
+            finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+        seen.append(loss.detach().float().item())
+        if thinned_at is None and engine.budget.every > 1:
+            thinned_at = len(seen)
+        assert len(seen) < 1_000_000, "the budget never thinned the sampling"
+    return seen, thinned_at, planted, finite
+
+
+def test_training_without_an_optimizer_is_thinned_by_the_budget_and_keeps_every_loss(tmp_path):
+    run_dir = rundir.create(tmp_path, "manual")
+    engine = Engine(run_dir, RunConfig(overhead_budget=0.001))
+    engine.start()
+    try:
+        seen, thinned_at, _, _ = _manual_training(engine, clip=None)
+    finally:
+        engine.finish("finished", 0)
+    with StoreReader(run_dir / "metrics.db") as store:
+        steps, values = store.series("loss")
+        normed = store.series("grad/norm_total")[0]
+    assert steps == list(range(1, len(seen) + 1)) and values == seen
+    assert set(range(1, 65)) <= set(normed)  # the budget's learning steps: all sampled
+    late = [s for s in normed if s > thinned_at + 1]
+    assert 0 < len(late) <= 100 and all(s % 2 == 0 for s in late), late  # one step in k >= 2
+
+
+def test_training_without_an_optimizer_keeps_every_norm_its_own_clip_measures(tmp_path):
+    # The script's clip_grad_norm_ measures the norms each step anyway: thinning drops none.
+    run_dir = rundir.create(tmp_path, "manual-clip")
+    engine = Engine(run_dir, RunConfig(overhead_budget=0.001))
+    engine.start()
+    try:
+        seen, thinned_at, _, _ = _manual_training(engine, clip=0.5)
+    finally:
+        engine.finish("finished", 0)
+    with StoreReader(run_dir / "metrics.db") as store:
+        steps = store.series("loss")[0]
+        normed, norms = store.series("grad/norm_total")
+        clip_max = store.series("grad/clip_max")[1]
+    assert thinned_at < len(seen) and steps == normed == list(range(1, len(seen) + 1))
+    assert all(n > 0 for n in norms) and set(clip_max) == {0.5}
+
+
+def test_a_nan_loss_on_an_unsampled_inferred_step_is_caught_before_the_scripts_update(tmp_path):
+    run_dir = rundir.create(tmp_path, "manual-nan")
+    engine = Engine(run_dir, RunConfig(overhead_budget=0.001, on_anomaly="skip"))
+    engine.start()
+    try:
+        _, _, planted, finite = _manual_training(engine, clip=None, plant_nan=True)
+    finally:
+        engine.finish("finished", 0)
+    assert planted is not None and finite  # its gradients were zeroed before `p -= lr * p.grad`
+    with StoreReader(run_dir / "metrics.db") as store:
+        anomalies = [e for e in store.events() if e.kind == "anomaly"]
+        normed = store.series("grad/norm_total")[0]
+    assert planted not in normed  # the step really was not sampled
+    assert anomalies[0].data["step"] == planted and anomalies[0].data["layer"] == "the loss"
+    assert "update skipped" in anomalies[0].message
