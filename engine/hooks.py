@@ -24,9 +24,9 @@ The hot path is what runs at every step: a loss reference kept at ``backward``, 
 finite check on CPU, and a StepRecord appended for the flusher. On the steps the cost
 budget samples (budget.py: all of them while it can afford it) also one fused norm pass
 (shared with the script's own clipping, which makes it free: then it runs every step) and
-the gradients' finite check on CPU. A step the budget does not sample, of the one
-optimizer, with nothing at its boundary, takes the lean path: the pre-step hook checks the
-loss and the post-step hook records (stepend.py). ptdash times its own code here (``_own``,
+the gradients' finite check on CPU. A step the budget does not sample, with nothing at its
+boundary, takes the lean path, for every optimizer (a GAN's two): the pre-step hook checks
+the loss and the post-step hook records (stepend.py). ptdash times its own code here (``_own``,
 ``_extra``) for the budget. Everything else is sampled. Nothing here waits for the device:
 the only ``.item()`` calls read CPU tensors.
 
@@ -130,10 +130,11 @@ class Hooks(StepEnd, InferredSteps):
         """The part of ``_own`` spent sampling this step (norms, checks, ratios, doctor)."""
         self._ratio_owed = False
         """An update ratio fell due on a step that was not sampled: take it at the next one."""
-        self._lean = 0
-        """id() of the main optimizer when its next step may take the lean path (see ``_pre_step``)."""
-        self._in_lean = False
-        """Whether the step under way took the lean path."""
+        self._lean: dict[int, Tracked] = {}
+        """id(optimizer) -> its bookkeeping, for the optimizers whose next step may take the
+        lean path (see ``_pre_step``): decided at each main step's end for the steps until the next."""
+        self._in_lean: Tracked | None = None
+        """The optimizer whose step under way took the lean path."""
         discovery.on_models.append(self._on_models)
 
     @property
@@ -148,7 +149,7 @@ class Hooks(StepEnd, InferredSteps):
 
     def _period_changed(self) -> None:
         # A lean next step was decided under the old period: decide again at the step.
-        self._lean = 0
+        self._lean = {}
 
     # ------------------------------------------------------------ attach / detach
 
@@ -271,19 +272,22 @@ class Hooks(StepEnd, InferredSteps):
 
     def _pre_step(self, opt, args, kwargs):
         t_in = _perf_counter()
-        if (self._lean == id(opt) and len(args) == 1 and not kwargs and not self.clip_notes.notes
-                and not self.controls.has_work(self.step)):
-            # The lean path: a step the budget does not sample, of the one optimizer, with no
-            # closure, no clip or LR override and nothing for the boundary to serve. Only the
-            # loss is checked before the update (on CPU); the step is recorded at its end.
-            self._in_step = self._at_boundary = self._in_lean = True
+        lean = self._lean.get(id(opt)) if self._lean else None
+        if (lean is not None and len(args) == 1 and not kwargs and not self.clip_notes.notes
+                and not self.controls.has_work(self.step) and lean.ref() is opt):
+            # The lean path: a step the budget does not sample, of an optimizer already known,
+            # with no closure, no clip or LR override and nothing for the boundary to serve.
+            # Only the loss is checked before the update (on CPU); the step is recorded at its end.
+            self._in_lean = lean
+            if not lean.index:
+                self._in_step = self._at_boundary = True
             losses = self._losses
             for loss in losses:
                 if loss.is_cpu:
                     value = loss.item()
                     if not _isfinite(value):
                         self._unmetered(self.anomalies.before_update, opt, self.step + 1, None, [])
-                        self._lean = 0  # commands may have been applied in its pause
+                        self._lean = {}  # commands may have been applied in its pause
                         break
                     if len(losses) == 1 and loss.dtype is not _FLOAT64:
                         # Read already: the record keeps the number, the flush copies nothing.

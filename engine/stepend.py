@@ -8,8 +8,9 @@ After each optimizer's step (``_post_step``) the step's losses, norms, clip and 
 a StepRecord for the flusher: another optimizer's at the main step it follows, the main
 one's (or an inferred step's, manual.py) with its timing, samples, update ratios and the
 values ``ptdash.log`` gave (``_end_step``). Then the next step's path is decided
-(``_next_step``): whether the model's forward hook is wanted, and whether the next step may
-take the lean path, whose end (``_end_lean``) records only what that path measured.
+(``_next_step``): whether the model's forward hook is wanted, and whether the next steps (of
+every optimizer, until the next main step's end) may take the lean path, whose end
+(``_end_lean``, or another optimizer's record) records only what that path measured.
 """
 
 from __future__ import annotations
@@ -42,14 +43,20 @@ class StepEnd:
 
     def _post_step(self, opt, args, kwargs) -> None:
         """The global optimizer step post-hook, after every optimizer's update."""
-        if self._in_lean:
+        lean = self._in_lean
+        if lean is not None:
             now = _perf_counter()
-            self._in_lean = False
+            self._in_lean = None
             losses, self._losses = self._losses, []
             lrs = list(map(_LR, opt.param_groups))
             if set(map(type, lrs)) != _FLOAT:
                 lrs = _held(lrs)
-            self._end_lean(opt, losses, lrs, now)
+            if lean.index:  # another optimizer's step, at the main step it follows
+                self.recorder.add(_record((self.step, time.time(), losses, None, None, None, None, lrs, None,
+                                           0, None, None, lean.index, 0.0, 0.0)))
+                self._own += _perf_counter() - now
+            else:
+                self._end_lean(opt, losses, lrs, now)
             return
         tracked = self._tracked.get(id(opt))
         if tracked is None or tracked.ref() is not opt:
@@ -129,11 +136,13 @@ class StepEnd:
         if want is not self._forward_on:
             self._set_forward_hook(want)
         settings, every = self.settings, self._budget.every
-        lean = (opt is not None and len(self._tracked) == 1 and (step + 1) % every != 0
+        lean = (opt is not None and (step + 1) % every != 0
                 and not want and settings.clip is None and settings.lr_scale == 1.0)
-        self._lean = id(opt) if lean else 0
+        # Another optimizer's step after this one is sampled with the next main step (both
+        # read ``self.step + 1``), so the same decision holds for it.
+        self._lean = dict(self._tracked) if lean else {}
         if every != self._budget.every:  # the flusher changed it meanwhile: decide at the step
-            self._lean = 0
+            self._lean = {}
         if self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
             self._ratio_owed = True  # taken at the next sampled step
 
