@@ -42,3 +42,25 @@ def test_overhead_benchmark_prints_table_and_verdicts():
     for workload in ("mlp", "gpt", "wide"):  # one pair of blocks: no interval either
         assert sum(line.startswith("NOISE ") and f" {workload}, training thread + GIL wait (paired):" in line
                    for line in verdicts) == 1, out
+
+
+def test_overhead_benchmark_reports_the_tiny_step_workloads():
+    # A GAN's two optimizers and a loop with no optimizer (inferred steps): reported, no target.
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--workloads", "gan,manual", "--steps", "1",
+         "--rounds", "1", "--warmup", "1", "--pairs", "1", "--pair-steps", "1", "--stall-steps", "2",
+         "--stall-rounds", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert out.count("| GAN (two 3-layer MLPs") == 2 and out.count("| manual SGD (no torch.optim") == 2, out
+    # Every instrumented step recorded: 11 for the GAN (as for the other workloads), 10 inferred
+    # steps for the manual loop (its last one ends at a backward that never comes).
+    assert "gan: done in" in out and "the engine recorded 11 steps (expected 11)" in out, out
+    assert "the engine recorded 10 steps (expected 10)" in out, out
+    assert out.count("the budget's own measure (StepRecord.own over") == 2, out
+    for workload in ("gan", "manual"):
+        for what in ("training thread (paired)", "training thread + GIL wait (paired)", "all threads (paired)"):
+            assert f"---- {workload}, {what}: ptdash/plain = " in out and "no target" in out, out
+    assert not [line for line in out.splitlines() if line.startswith(("PASS ", "FAIL ", "NOISE "))], out
