@@ -46,7 +46,11 @@ def wrap_backward(hooks, original):
             # No optimizer exists: perhaps the script updates its parameters itself.
             first = manual.params is None
             if manual.starts_step(loss):
+                # The step's record counts ptdash's time so far, and times its own end (a
+                # pause or a save at the boundary is not ptdash's): the clock restarts after.
+                hooks._own += _perf_counter() - t_in
                 hooks.manual_boundary()
+                t_in = _perf_counter()
             elif first and manual.params:
                 manual.order(manual.models())
         if loss is not None:
