@@ -19,8 +19,10 @@ Stdlib only, so the terminal side can read it without importing torch.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import operator
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -247,20 +249,26 @@ class StoreWriter:
 
     def _write_scalars(self, rank: int, rows: list) -> None:
         ids = self._name_ids
-        scalars, steps = [], []
-        by_series: dict[tuple[int, int], list] = {}
-        """(name id, rank) -> the flush's (step, value) points, for the summary."""
-        for step, wall, values in rows:
-            steps.append((rank, step, wall))
-            for name, value in values.items():
+        scalars: list[tuple] = []
+        by_series: dict[tuple[int, int], tuple[list, list]] = {}
+        """(name id, rank) -> the flush's steps and values, for the summary."""
+        # A flush's rows come in runs that hold the same series (a sampled step adds one or
+        # two): each run is turned into columns in C, not value by value in Python.
+        for names, run in itertools.groupby(rows, key=_series_names):
+            run = list(run)
+            steps = [row[0] for row in run]
+            columns = zip(*map(dict.values, map(_VALUES, run)))
+            for name, values in zip(names, columns):
                 name_id = ids.get(name) or self._name_id(name)
-                scalars.append((name_id, rank, step, value))
-                points = by_series.get((name_id, rank))
-                if points is None:
-                    points = by_series[(name_id, rank)] = []
-                points.append((step, value))
-        if steps:
-            insert_many(self._db, "INSERT OR REPLACE INTO steps", 3, steps)
+                scalars += zip(itertools.repeat(name_id), itertools.repeat(rank), steps, values)
+                series = by_series.get((name_id, rank))
+                if series is None:
+                    by_series[(name_id, rank)] = (list(steps), list(values))
+                else:
+                    series[0].extend(steps)
+                    series[1].extend(values)
+        if rows:
+            insert_many(self._db, "INSERT OR REPLACE INTO steps", 3, [(rank, step, wall) for step, wall, _ in rows])
         if scalars:
             deltas, redo = summary.plan(self._db, self._last, by_series)
             insert_many(self._db, "INSERT OR REPLACE INTO scalars", 4, scalars)
@@ -319,6 +327,13 @@ class StoreWriter:
             log.warning("store: could not checkpoint the WAL at close: %s", exc)
         finally:
             self._db.close()
+
+
+_VALUES = operator.itemgetter(2)
+
+
+def _series_names(row: list) -> tuple:
+    return tuple(row[2])
 
 
 def _json(value) -> str:

@@ -7,7 +7,9 @@ Stdlib only.
 
 from __future__ import annotations
 
+import bisect
 import math
+import operator
 import sqlite3
 
 from .decimate import merge_point
@@ -30,10 +32,10 @@ ON CONFLICT (level, name_id, rank, bucket) DO UPDATE SET
 
 
 def plan(db: sqlite3.Connection, last_steps: dict[tuple[int, int], float],
-         by_series: dict[tuple[int, int], list]) -> tuple[dict[tuple, list], set[tuple]]:
+         by_series: dict[tuple[int, int], tuple[list, list]]) -> tuple[dict[tuple, list], set[tuple]]:
     """How a flush's points change the summary, decided before they are inserted.
 
-    ``by_series``: (name id, rank) -> its (step, value) points in row order;
+    ``by_series``: (name id, rank) -> its steps and values, in row order;
     ``last_steps``: the newest stored step of each series (looked up once, then kept
     here). New steps merge into their buckets (``deltas``): points into the finest
     level, then each level's buckets into the next. A step at or before the newest
@@ -43,30 +45,17 @@ def plan(db: sqlite3.Connection, last_steps: dict[tuple[int, int], float],
     deltas: dict[tuple, list] = {}
     redo: set[tuple] = set()
     finest = LEVELS[0]
-    for key, points in by_series.items():
+    for key, (steps, values) in by_series.items():
         last = last_steps.get(key)
         if last is None:
             (last,) = db.execute("SELECT max(step) FROM scalars WHERE name_id = ? AND rank = ?", key).fetchone()
             last = -math.inf if last is None else last
         buckets: dict[int, list] = {}
-        index = bucket = None
-        for step, value in points:
-            if step <= last:
-                redo.update((level, *key, step // level) for level in LEVELS)
-                continue
-            last = step
-            if step // finest != index:  # a bucket's new points come together: folded inline
-                index = step // finest
-                bucket = buckets.get(index)
-                if bucket is None:
-                    bucket = buckets[index] = [step, value, step, value]
-                    continue
-            if value is None or bucket[1] is None:
-                merge_point(bucket, step, value)
-            elif value < bucket[1]:  # merge_point's fold of two numbers, without the call
-                bucket[0], bucket[1] = step, value
-            elif value > bucket[3]:
-                bucket[2], bucket[3] = step, value
+        if steps[0] > last and None not in values and all(map(operator.lt, steps, steps[1:])):
+            _fold_run(buckets, steps, values)  # the usual flush: new steps, every value a number
+            last = steps[-1]
+        else:
+            last = _fold_points(buckets, zip(steps, values), last, key, redo)
         last_steps[key] = last
         level = finest
         for coarser in (*LEVELS[1:], None):
@@ -80,6 +69,46 @@ def plan(db: sqlite3.Connection, last_steps: dict[tuple[int, int], float],
                 merged[j] = merge_point(merge_point(merged.get(j), lo_step, lo), hi_step, hi)
             buckets, level = merged, coarser
     return deltas, redo
+
+
+def _fold_run(buckets: dict[int, list], steps: list, values: list) -> None:
+    """The finest buckets of new points (steps rising, every value a number), a bucket at
+    a time in C: the earliest step of the lowest (highest) value wins, as in merge_point."""
+    finest = LEVELS[0]
+    i, n = 0, len(steps)
+    while i < n:
+        index = steps[i] // finest
+        j = bisect.bisect_left(steps, (index + 1) * finest, i)
+        part = steps[i:j]
+        lo, lo_step = min(zip(values[i:j], part))
+        hi, hi_step = max(zip(values[i:j], map(operator.neg, part)))
+        buckets[index] = [lo_step, lo, -hi_step, hi]  # the steps rise: each bucket comes once
+        i = j
+
+
+def _fold_points(buckets: dict[int, list], points, last: float, key: tuple, redo: set) -> float:
+    """Fold points one by one into the finest buckets (a flush with a None, or with steps
+    that do not rise past ``last``, whose buckets are redone); returns the newest step."""
+    finest = LEVELS[0]
+    index = bucket = None
+    for step, value in points:
+        if step <= last:
+            redo.update((level, *key, step // level) for level in LEVELS)
+            continue
+        last = step
+        if step // finest != index:  # a bucket's new points come together: folded inline
+            index = step // finest
+            bucket = buckets.get(index)
+            if bucket is None:
+                bucket = buckets[index] = [step, value, step, value]
+                continue
+        if value is None or bucket[1] is None:
+            merge_point(bucket, step, value)
+        elif value < bucket[1]:  # merge_point's fold of two numbers, without the call
+            bucket[0], bucket[1] = step, value
+        elif value > bucket[3]:
+            bucket[2], bucket[3] = step, value
+    return last
 
 
 def update(db: sqlite3.Connection, deltas: dict[tuple, list], redo: set[tuple]) -> None:

@@ -144,6 +144,46 @@ def test_summary_stays_exact_through_rewrites_gaps_and_ranks(tmp_path):
         assert reader.ranks() == [0, 1] and reader.last_step(1) == 700
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_summary_names_the_earliest_extreme_whatever_the_flushes_hold(tmp_path, seed):
+    """Flushes shaped like the engine's (a series on sampled steps only, so the rows change
+    their set of series; values that tie; None; a step written again, out of order or twice
+    in one flush) keep every bucket's extremes and the first step that reached each."""
+    rng = random.Random(seed)
+    path = tmp_path / STORE
+    writer = StoreWriter(path)
+    step = 0
+    for _ in range(60):
+        rows = []
+        for _ in range(rng.randint(1, 90)):
+            step += rng.choice((1, 1, 1, 1, 2, 17))
+            at = step if rng.random() > 0.03 else rng.randint(max(1, step - 40), step)  # a rewrite
+            values = {"loss": rng.choice((0.5, 0.25, 1.0, -1.0, rng.random()))}
+            if rng.random() < 0.2:
+                values["grad/norm_total"] = rng.choice((None, 2.0, 3.0))
+            if rng.random() < 0.02:
+                values["loss"] = None
+            values["opt/lr/group0"] = 1e-3
+            rows.append([at, 0.0, values])
+        writer.write(rows=rows)
+    writer.close()
+    assert_summary_exact(path)
+    db = sqlite3.connect(path)
+    try:
+        points: dict[tuple, list] = {}
+        for name_id, step, value in db.execute("SELECT name_id, step, value FROM scalars ORDER BY name_id, step"):
+            for level in LEVELS:
+                points.setdefault((level, name_id, step // level), []).append((step, value))
+        for level, name_id, bucket, lo_step, lo, hi_step, hi in db.execute(
+                "SELECT level, name_id, bucket, lo_step, lo, hi_step, hi FROM summary"):
+            finite = [(s, v) for s, v in points[(level, name_id, bucket)] if v is not None]
+            if finite:
+                assert lo_step == min(s for s, v in finite if v == lo), (level, name_id, bucket)
+                assert hi_step == min(s for s, v in finite if v == hi), (level, name_id, bucket)
+    finally:
+        db.close()
+
+
 def test_a_store_without_the_summary_table_is_still_decimated(tmp_path):
     path = tmp_path / STORE
     writer = StoreWriter(path)
