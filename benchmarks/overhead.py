@@ -531,8 +531,11 @@ def engine_threads() -> dict[str, int]:
             if t.name in ("ptdash-flush", "ptdash-server") and t.ident is not None}
 
 
-def time_block(w: Workload, variant: str, steps: int, settle: float, result: Result, clock: HookClock) -> None:
-    """Run one block; record its median wall step time and CPU time per step."""
+def time_block(w: Workload, variant: str, steps: int, settle, result: Result, clock: HookClock) -> None:
+    """Run one block; record its median wall step time and CPU time per step.
+
+    ``settle()`` returns once the block's records are flushed (the flusher's CPU counts
+    for the block that made its work)."""
     w.step(variant)  # the first step after a switch pays for the switch
     hook0 = clock.ns
     clocks = engine_threads()
@@ -543,7 +546,7 @@ def time_block(w: Workload, variant: str, steps: int, settle: float, result: Res
         t0 = time.perf_counter()
         w.step(variant)
         times.append(time.perf_counter() - t0)
-    time.sleep(settle)
+    settle()
     result.wall[variant].append(statistics.median(times))
     result.cpu[variant].append((time.process_time() - cpu0) / steps)
     for name, c in clocks.items():
@@ -621,7 +624,7 @@ def time_stall(engine, w: Workload, rounds: int, steps: int, result: Result) -> 
                     w.step("ptdash")
                 off[state] = (time.perf_counter() - t0 - (time.thread_time() - c0)) / steps
                 held.clear()
-                time.sleep(engine.config.flush_interval + 0.1)  # the held block's records are gone: start even
+                flusher.flush_now()  # the held block's records are gone: start even
             result.stall.append(off["on"] - off["held"])
             result.stall_steps += 2 * (steps + 1)
     finally:
@@ -635,7 +638,9 @@ def measure(name: str, steps: int, rounds: int, warmup: int, pairs: int, pair_st
     total = (warmup * 2 + rounds * len(variants) * (steps + 1) + pairs * (len(variants) - 1) * (pair_steps + 1)
              + stall_rounds * 2 * (stall_steps + 1) + 10)
     with live_engine(root, name, client) as (engine, extra):
-        settle = engine.config.flush_interval + 0.1
+        def settle():
+            engine.flusher.flush_now()
+            time.sleep(0.02)
         # Built with the hooks attached, as under the ptdash command, so discovery runs.
         w = MAKERS[name](total)
         w.tb_dir = str(root / f"tb-{name}")

@@ -27,7 +27,9 @@ of this process have been seen.
    main one's period, and so do the inferred steps of a script without one (manual.py);
 2. update ratios: at the first sampled step at or after each ``--update-ratio-every``;
 3. the doctor's training-thread checks and the step-time split (forward timing, data
-   waits): one step in ``16 k`` instead of one in 16.
+   waits): one step in ``16 k`` instead of one in 16;
+4. the flush: once a second instead of four times (flusher.THINNED_INTERVAL_S), while
+   ``k`` is above 1.
 
 **Always kept**, every step: the step count and step time, the loss (a reference, and on
 CPU its pre-update finite check), the LRs, ``ptdash.log`` values, the total norm and

@@ -22,6 +22,16 @@ from .shared.protocol import LayerNames, Layers, Message, Metrics, Samples, to_d
 
 log = logging.getLogger("ptdash.flusher")
 
+INTERVAL_S = 0.25
+"""The flush interval of fast steps, unless the cost budget thins or the user set one."""
+
+THINNED_INTERVAL_S = 1.0
+"""The flush interval while the cost budget thins the sampling (steps fast against ptdash's
+cost). A flush has a fixed cost, whatever the steps it holds (a store transaction, the live
+messages, cold caches: about a millisecond of CPU on a 2-core machine, much of it holding
+the GIL), so four flushes a second cost the run about 0.3% of its time; one costs a quarter
+of that, and the dashboard's charts move once a second, as its step counter does."""
+
 LAYER_RECORD_S = (1.0, 10.0)
 """Per-layer history is stored once a second for the first ten minutes, then every ten
 seconds: a 500-parameter model then costs the store about 2 MB an hour, not 70."""
@@ -57,12 +67,14 @@ class Flusher:
     ``publish`` sends to the dashboards (rank 0) and ``store`` writes (rank 0); ``push``
     hands a flush to rank 0 (other ranks); ``ranks`` collects the other ranks (rank 0
     of a multi-rank run); ``schedule`` (preview.SchedulePreview, rank 0) is shown each
-    flush's rows and says what to send about the LR schedule ahead.
+    flush's rows and says what to send about the LR schedule ahead. ``interval``: the
+    seconds between flushes, or None for INTERVAL_S (THINNED_INTERVAL_S while ``budget``
+    thins the sampling).
     """
 
     def __init__(self, recorder: Recorder, journal, doctor, anomalies, naming: LayerNaming, sampler,
                  publish: Callable[[Message], None], store=None, push: Callable[[dict], None] | None = None,
-                 ranks=None, interval: float = 0.25, step_seconds: Callable[[], float] = lambda: 0.0,
+                 ranks=None, interval: float | None = None, step_seconds: Callable[[], float] = lambda: 0.0,
                  schedule=None, budget=None) -> None:
         self._recorder, self._journal, self._doctor, self._anomalies = recorder, journal, doctor, anomalies
         self._naming, self._sampler, self._publish, self._store = naming, sampler, publish, store
@@ -72,6 +84,9 @@ class Flusher:
         """Rank 0 in another process than the hub: its layer records and schedule go with its flushes."""
         self._stop = threading.Event()
         self._soon = threading.Event()
+        self._count = threading.Condition()
+        self._begun = self._ended = 0
+        """Flushes of the loop begun and ended (``flush_now`` waits for one begun after its call)."""
         self._thread: threading.Thread | None = None
         self._started = self._last_layer_record = time.monotonic()
 
@@ -83,6 +98,24 @@ class Flusher:
         """Flush soon (a pause or a stop should reach the store and the dashboards at once)."""
         self._soon.set()
 
+    def flush_now(self, timeout: float = 5.0) -> bool:
+        """Wake the loop and wait until a flush begun after this call has ended (benchmarks
+        and tests that must know the records so far are stored); False on a timeout."""
+        with self._count:
+            target = self._begun + 1
+            self._soon.set()
+            return self._count.wait_for(lambda: self._ended >= target, timeout)
+
+    def wait_s(self) -> float:
+        """How long the loop waits between flushes: slow steps are flushed a few at a time
+        (each flush has a fixed cost: a store transaction, a per-layer record, messages),
+        fast ones a few times a second, or once a second while the budget thins (unless
+        the user set the interval)."""
+        interval = self._interval
+        if interval is None:
+            interval = THINNED_INTERVAL_S if self._budget is not None and self._budget.every > 1 else INTERVAL_S
+        return min(1.0, max(interval, 4 * self._step_seconds()))
+
     def stop(self, timeout: float = 10.0) -> None:
         """End the loop (after the flush it may be in); the caller flushes what is left."""
         self._stop.set()
@@ -93,23 +126,28 @@ class Flusher:
     def _loop(self) -> None:
         last_status = last_system = 0.0
         while not self._stop.is_set():
-            # Slow steps are flushed a few at a time (each flush has a fixed cost: a store
-            # transaction, a per-layer record, messages); fast ones a few times a second.
-            self._soon.wait(min(1.0, max(self._interval, 4 * self._step_seconds())))
+            self._soon.wait(self.wait_s())
             self._soon.clear()
             if self._stop.is_set():
                 break
+            with self._count:
+                self._begun += 1
             try:
+                # Once a second; the slack keeps a flush once a second (thinned) from
+                # sampling every other one when it wakes a hair early.
                 now = time.monotonic()
-                sample = now - last_system >= 1.0
+                sample = now - last_system >= 0.95
                 if sample:
                     last_system = now
                 self.flush(sample)
-                if now - last_status >= 1.0:
+                if now - last_status >= 0.95:
                     self._publish(self._journal.status())
                     last_status = now
             except Exception:  # keep flushing; never take training down
                 log.exception("flush failed")
+            with self._count:
+                self._ended = self._begun
+                self._count.notify_all()
 
     def sample(self) -> list:
         """One ``[wall, {name: value}]`` reading of the host and the GPUs."""

@@ -102,8 +102,9 @@ def _run_parser() -> argparse.ArgumentParser:
                         "line that caused it")
     p.add_argument("--stall-timeout", type=positive_arg("stall timeout"), default=120, metavar="S",
                    help="name a rank that makes no step for S seconds (default 120)")
-    p.add_argument("--flush-interval", type=positive_arg("flush interval"), default=0.25, metavar="S",
-                   help="seconds between metric flushes (default 0.25)")
+    p.add_argument("--flush-interval", type=positive_arg("flush interval"), default=None, metavar="S",
+                   help="seconds between metric flushes (default 0.25, or 1 while the cost budget thins "
+                        "the sampling of fast steps)")
     p.add_argument("target", nargs=argparse.REMAINDER, help="script (or module) and its arguments")
     return p
 

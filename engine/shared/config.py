@@ -77,8 +77,9 @@ class RunConfig:
     """Name a rank that makes no step for this long."""
     detect_anomaly: bool = False
     """Autograd anomaly detection, so a failing backward names its forward line."""
-    flush_interval: float = 0.25
-    """Seconds between the flusher's moves of step records to the store."""
+    flush_interval: float | None = None
+    """Seconds between the flusher's moves of step records to the store; None: a quarter of
+    a second, or a second while the cost budget thins the sampling (flusher.py)."""
     overhead_budget: float = 1.0
     """The share of each step's time, in percent, that ptdash's own work on the training
     thread may take; above it the per-layer statistics are thinned (budget.py). 100: never thin."""
@@ -98,7 +99,7 @@ class RunConfig:
         _count("update_ratio_every", self.update_ratio_every, 0)
         _count("steps", self.steps, 1)
         _positive("stall_seconds", self.stall_seconds, allow_none=False)
-        _positive("flush_interval", self.flush_interval, allow_none=False)
+        _positive("flush_interval", self.flush_interval)
         _positive("overhead_budget", self.overhead_budget, allow_none=False)
         if self.overhead_budget > 100:
             raise ConfigError(f"overhead_budget is a percentage, at most 100, got {self.overhead_budget!r}")

@@ -68,6 +68,42 @@ def test_every_steps_loss_is_stored_as_the_script_computed_it_when_steps_are_thi
     assert values == seen
 
 
+def test_thinned_fast_steps_are_flushed_once_a_second_and_flush_now_stores_them(tmp_path):
+    # Each flush has a fixed cost whatever it holds; while the budget thins, one a second.
+    from ptdash.flusher import INTERVAL_S, THINNED_INTERVAL_S
+
+    run_dir = rundir.create(tmp_path, "cadence")
+    engine = Engine(run_dir, RunConfig(overhead_budget=0.001))
+    engine.start()
+    try:
+        assert engine.budget.every == 1 and engine.flusher.wait_s() == INTERVAL_S
+        steps = 0
+        while engine.budget.every == 1:
+            _train(1)
+            steps += 1
+            assert steps < 1_000_000, "the budget never thinned the sampling"
+        assert engine.flusher.wait_s() == THINNED_INTERVAL_S
+        _train(7)
+        assert engine.flusher.flush_now(timeout=60)
+        with StoreReader(run_dir / "metrics.db") as store:
+            assert store.last_step() == steps + 7  # every step so far, without waiting a second
+    finally:
+        engine.finish("finished", 0)
+
+
+def test_a_flush_interval_the_user_set_is_kept_while_the_budget_thins(tmp_path):
+    engine = Engine(rundir.create(tmp_path, "set"), RunConfig(overhead_budget=0.001, flush_interval=0.1))
+    try:
+        engine.budget.every = 8
+        assert engine.flusher.wait_s() == 0.1
+        engine.hooks.last_step_s = 0.05  # slow steps: four to a flush
+        assert engine.flusher.wait_s() == pytest.approx(0.2)
+        engine.hooks.last_step_s = 2.0
+        assert engine.flusher.wait_s() == 1.0  # at most a second, however slow
+    finally:
+        engine.finish("finished", 0)
+
+
 def test_a_run_shorter_than_a_reading_still_has_its_cost_figure(tmp_path):
     # The last reading is taken after the last drain: a run whose steps all reach the
     # flusher at its final flush (a short DDP rank) showed "ptdash: N/A".
