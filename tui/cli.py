@@ -53,6 +53,7 @@ SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor", "export")
 def _run_parser() -> argparse.ArgumentParser:
     p = subcommands.Parser(
         prog="ptdash",
+        allow_abbrev=False,  # ``--over 5`` would be a guess; the script's options are never ours
         description="Run a PyTorch training script with a live terminal dashboard.",
         usage="ptdash [options] (script.py | -m module | demo) [args...]\n"
               "       ptdash attach [RUN] | show RUN [RUN...] | ls | doctor [RUN] | ctl [RUN] COMMAND [VALUE]\n"
@@ -137,7 +138,9 @@ def _check_target(target: list[str], module: str | None) -> tuple[list[str], str
 def launch(args: argparse.Namespace, target: list[str], name: str,
            link: socket.socket | None = None) -> tuple[Path, subprocess.Popen]:
     """Create the run dir and start the engine in its own session; ``link`` is the engine's
-    end of a headless front's link (see shared/frontlink.py)."""
+    end of a headless front's link (see shared/frontlink.py). A headless run (``link``
+    given) reads ptdash's stdin, as the script would under python (``echo 3 | ptdash s.py``,
+    a ``breakpoint()``); under the dashboard, which owns the terminal, it reads nothing."""
     every = {}
     if args.checkpoint_every:
         kind, value = args.checkpoint_every
@@ -190,7 +193,8 @@ def launch(args: argparse.Namespace, target: list[str], name: str,
         command = [sys.executable, "-m", "ptdash.bootstrap", *target]
     proc = subprocess.Popen(
         command,
-        stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env, pass_fds=pass_fds,
+        stdin=None if link is not None else subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+        env=env, pass_fds=pass_fds,
         # Its own session: closing the terminal (SIGHUP) or Ctrl-C here never reaches training.
         start_new_session=True)
     output.close()
@@ -278,18 +282,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _first_positional(argv: list[str]) -> int | None:
-    """Index of the first argument that is not an option or an option's value."""
+    """Index of the first argument that is not an option or an option's value (None after ``-m``)."""
+    i = _script_start(argv)
+    if i == len(argv) or "-m" in argv[:i]:
+        return None
+    return i if argv[i - 1:i] != ["--"] else None
+
+
+def _script_start(argv: list[str]) -> int:
+    """Where ptdash's options end: at the script's path, or after ``-m MODULE`` (or ``--``).
+    What follows is the script's, never parsed as ptdash's (its ``--n 5`` is not taken for
+    an abbreviation of ``--name``)."""
     takes_value = {opt for action in _run_parser()._actions if action.nargs != 0 and action.option_strings
                    for opt in action.option_strings}
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg == "-m":
-            return None
+            return min(i + 2, len(argv)) if i + 1 < len(argv) else i
+        if arg == "--":
+            return i + 1
         if not arg.startswith("-"):
             return i
         i += 2 if arg in takes_value else 1
-    return None
+    return len(argv)
 
 
 def _main(argv: list[str]) -> int:
@@ -324,7 +340,9 @@ def _main(argv: list[str]) -> int:
                 return _demo_help(demo.origin)
             argv = [*options, "--name", "demo", demo.origin, *rest] if "--name" not in options \
                 else [*options, demo.origin, *rest]
-    args = _run_parser().parse_args(argv)
+    start = _script_start(argv)
+    args = _run_parser().parse_args(argv[:start])
+    args.target = argv[start:]
     target, name = _check_target(args.target, args.module)
     if not (args.headless or not sys.stdout.isatty()):
         return dashboard(*launch(args, target, name))

@@ -51,9 +51,29 @@ def test_script_sees_python_like_argv_path_and_cwd(tmp_path):
 
 def test_module_mode(tmp_path):
     (tmp_path / "pkgmod.py").write_text("import sys\nprint('MOD', __name__, sys.argv[1:])\n")
-    result = ptdash("--headless", "-m", "pkgmod", "a", "b", cwd=tmp_path)
+    result = ptdash("--headless", "-m", "pkgmod", "a", "b", "--n", "5", "-h", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "MOD __main__ ['a', 'b']" in result.stdout
+    assert "MOD __main__ ['a', 'b', '--n', '5', '-h']" in result.stdout
+
+
+def test_the_scripts_options_are_never_taken_for_ptdashs(tmp_path):
+    # "--n" is a prefix of --name and --nproc-per-node, "--s" of --steps and more: the
+    # script's own, however they read, as "--h" and "-h" are.
+    (tmp_path / "opts.py").write_text("import sys\nprint('ARGV', sys.argv[1:])\n")
+    result = ptdash("--headless", "opts.py", "--n", "5", "--s=3", "--st", "-h", "--", "--headless", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ARGV ['--n', '5', '--s=3', '--st', '-h', '--', '--headless']" in result.stdout
+    # ptdash's own options are spelled out: an abbreviation before the script is refused in one line.
+    refused = ptdash("--headless", "--overhead", "5", "opts.py", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "unrecognized arguments: --overhead" in refused.stderr
+
+
+def test_a_headless_run_reads_ptdashs_stdin_as_python_would(tmp_path):
+    (tmp_path / "ask.py").write_text("import sys\nline = input('n? ')\nprint('GOT', repr(line), repr(sys.stdin.read()))\n")
+    result = ptdash("--headless", "ask.py", cwd=tmp_path, input="3\nrest\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "GOT '3' 'rest\\n'" in result.stdout
 
 
 def test_exit_code_passthrough(tmp_path):

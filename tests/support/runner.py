@@ -27,10 +27,12 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
        "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="ptd-")}
 
 
-def ptdash(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the ptdash command to completion."""
+def ptdash(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None,
+           input: str | None = None) -> subprocess.CompletedProcess:
+    """Run the ptdash command to completion (its stdin: ``input``, or nothing)."""
     return subprocess.run([sys.executable, "-m", "ptdash.tui.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=env or ENV, stdin=subprocess.DEVNULL)
+                          text=True, timeout=timeout, env=env or ENV,
+                          **({"input": input} if input is not None else {"stdin": subprocess.DEVNULL}))
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
