@@ -9,12 +9,14 @@ script's.
 from __future__ import annotations
 
 import builtins
+import functools
 import importlib.machinery
 import io
 import logging
 import os
 import runpy
 import sys
+import threading
 import traceback
 import types
 import zipfile
@@ -22,6 +24,9 @@ from pathlib import Path
 
 from .invisible import script_traceback
 from .shared.config import RunConfig
+
+END_WAIT_S = 10.0
+"""How long a script's ``os._exit`` waits for the run's end to be recorded."""
 
 
 def setup_logging(run_dir: Path) -> None:
@@ -155,6 +160,21 @@ def main() -> int:
             rundir.update_info(run_dir, status="crashed", exit_code=1, error=str(exc))
         return 1
     guard = unattended.attach(engine, link, early)
+    ended = threading.Lock()
+
+    def end(state: str, code: int, detail: str) -> None:
+        """Record the run's end, once (the script's return, or its ``os._exit``)."""
+        if not ended.acquire(blocking=False):
+            return
+        guard.close()
+        if relay is not None:
+            relay.close()
+        unattended.finish(engine, run_dir, state, code, detail, guard)
+        if link is not None:
+            link.close()
+
+    real_exit = os._exit
+    os._exit = _exit_through(real_exit, end)
     state, code, detail = "finished", 0, ""
     # The script's globals outlive it until the engine has finished, so a checkpoint due
     # at the very end still finds the model and optimizer.
@@ -184,16 +204,48 @@ def main() -> int:
         state, code = "crashed", 1
         engine.on_crash(exc)
     finally:
+        os._exit = real_exit
         sys.stdout.flush()
         sys.stderr.flush()
-    guard.close()
-    if relay is not None:
-        relay.close()
-    unattended.finish(engine, run_dir, state, code, detail, guard)
-    if link is not None:
-        link.close()
+    end(state, code, detail)
     del script_globals
     return code
+
+
+def _exit_through(real_exit, end):
+    """``os._exit`` for the script: in this process (not a forked DataLoader worker or
+    multiprocessing child, whose own exit this is), the end of the run is recorded first,
+    as python shows what the script printed before it: the output still in the relay's
+    pipe, the steps not yet flushed, run.json's final state. None of the script's own
+    cleanup runs, as under python; if recording the end takes over END_WAIT_S, the
+    process exits anyway."""
+    owner = os.getpid()
+
+    @functools.wraps(real_exit)
+    def _exit(status):
+        if os.getpid() == owner:
+            deadline = threading.Timer(END_WAIT_S, real_exit, (status,))
+            deadline.daemon = True
+            deadline.start()
+            try:
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except (OSError, ValueError):
+                        pass
+                end(*_ended_by_exit(status))
+            except BaseException:  # noqa: BLE001 - the exit must happen whatever ptdash does
+                pass
+        real_exit(status)
+
+    return _exit
+
+
+def _ended_by_exit(status) -> tuple[str, int, str]:
+    code = status if isinstance(status, int) else 1
+    if code == 0:
+        return "finished", 0, ""
+    return "crashed", code, f"the script exited with code {code} (os._exit)"
 
 
 if __name__ == "__main__":

@@ -76,6 +76,36 @@ def test_a_headless_run_reads_ptdashs_stdin_as_python_would(tmp_path):
     assert "GOT '3' 'rest\\n'" in result.stdout
 
 
+def test_a_script_leaving_through_os_exit_keeps_its_output_steps_and_end(tmp_path):
+    # os._exit skips python's cleanup, the engine's with it: what the script printed sat in
+    # the output relay's pipe and was lost, the last steps were never flushed, and the run
+    # read "crashed". Its forked DataLoader workers leave through os._exit too, untouched.
+    (tmp_path / "hard.py").write_text(
+        "import os, sys, torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=2, num_workers=2)\n"
+        "for i, (x, y) in enumerate(data, 1):\n"
+        "    opt.zero_grad()\n"
+        "    torch.nn.functional.mse_loss(model(x), y).backward()\n"
+        "    opt.step()\n"
+        "print('trained', i, flush=True)\n"
+        "sys.stderr.write('leaving hard\\n')\n"
+        "sys.stderr.flush()\n"
+        "os._exit(int(sys.argv[1]))\n")
+    for code, state in ((0, "finished"), (3, "crashed")):
+        result = ptdash("--headless", "--run-dir", f"run{code}", "hard.py", str(code), cwd=tmp_path)
+        assert result.returncode == code, result.stdout + result.stderr
+        assert "trained 32" in result.stdout and "leaving hard" in result.stdout
+        log = (tmp_path / f"run{code}" / "output.log").read_text()
+        assert "trained 32" in log and "leaving hard" in log
+        info = rundir.read_info(tmp_path / f"run{code}")
+        assert (info.status, info.exit_code) == (state, code)
+        with StoreReader(tmp_path / f"run{code}" / "metrics.db") as store:
+            assert store.series("loss")[0] == list(range(1, 33))
+
+
 def test_exit_code_passthrough(tmp_path):
     (tmp_path / "three.py").write_text("import sys\nprint('bye')\nsys.exit(3)\n")
     result = ptdash("--headless", "--run-dir", "run", "three.py", cwd=tmp_path)
