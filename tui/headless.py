@@ -118,6 +118,13 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
         signals["count"] += 1
         signals["at"] = now
         name = "stop" if signals["count"] == 1 else "kill"
+        if name == "kill":
+            try:  # the run may have ended already, its process still closing (torch's teardown)
+                info = rundir.read_info(run_dir)
+            except (OSError, ValueError):
+                info = None
+            if info is not None and info.status in ENDED and info.exit_code is not None:
+                signals["ended"] = (info.status, info.exit_code)
         # The command first: printing may fail (a closed pipe), the stop must not.
         try:
             send_command(run_dir, Command(id=uuid.uuid4().hex[:8], name=name), wait=False)
@@ -127,8 +134,14 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
             except OSError:
                 pass
         what = signal.Signals(signum).name
-        say(f"\n[ptdash] {what}: stopping cleanly after this step, with a checkpoint ({what} again to kill)"
-            if name == "stop" else f"\n[ptdash] {what} again: killing the run")
+        if name == "stop":
+            say(f"\n[ptdash] {what}: stopping cleanly after this step, with a checkpoint ({what} again to kill)")
+        elif signals.get("ended"):
+            state, code = signals["ended"]
+            say(f"\n[ptdash] {what} again: the run had already ended ({state}, exit code {code}); "
+                "killing what was left of its process")
+        else:
+            say(f"\n[ptdash] {what} again: killing the run")
 
     def on_hangup(*_):
         signals["hangup"] = True
@@ -161,6 +174,8 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
         for sig, fn in previous.items():
             signal.signal(sig, fn)
     watcher.poll(True, final=True)
+    if signals.get("ended") and code == -signal.SIGKILL:
+        code = signals["ended"][1]  # killed after its end was recorded: the run's own exit code
     info = _ended(run_dir, code)
     with wait_for_store(run_dir / STORE_NAME, 1) or nullcontext() as reader:
         line = progress_line(reader, info) if reader else ""

@@ -209,6 +209,45 @@ def test_a_second_ctrl_c_kills(started, tmp_path):
     wait_for(lambda: not processes_of(proc.run_dir), 30, what="the killed run's processes to end")
 
 
+def test_a_second_sigterm_after_the_run_ended_keeps_its_exit_code(tmp_path):
+    # The run's end is recorded before its process is gone (torch's teardown, workers being
+    # joined; here an atexit handler that hangs): a second SIGTERM kills what is left of
+    # the process, and the exit code stays the run's own (it read 137).
+    script = tmp_path / "linger.py"
+    script.write_text(
+        "import atexit, time, torch\n"
+        "atexit.register(time.sleep, 600)  # a teardown that hangs\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(1_000_000):\n"
+        "    opt.zero_grad()\n"
+        "    model(torch.randn(8, 4)).sum().backward()\n"
+        "    opt.step()\n"
+        "    time.sleep(0.01)\n")
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "front.out", "wb") as out:
+        proc = subprocess.Popen([*CLI, "--headless", "--run-dir", str(run_dir), str(script)], cwd=tmp_path,
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=ENV)
+    try:
+        wait_for(lambda: stored_step(run_dir) >= 3, 120, what="step 3")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: rundir.read_info(run_dir).status == "stopped", 120, what="the run's recorded end")
+        # Again until it is gone (one within REPEAT_S of the first counts as the same one).
+        wait_for(lambda: proc.poll() is not None or proc.send_signal(signal.SIGTERM), 60, interval=1.0,
+                 what="a second SIGTERM to end the lingering process")
+        assert proc.wait(60) == 0
+        text = front_output(tmp_path)
+        assert "SIGTERM again: the run had already ended (stopped, exit code 0)" in text, text[-2000:]
+        assert "stopped (exit code 0)" in text
+        wait_for(lambda: not processes_of(run_dir), 30, what="the lingering process to end")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in processes_of(run_dir):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_sigterm_between_steps_stops_after_the_grace_period(started, tmp_path, monkeypatch):
     # The script stops stepping (it waits for a file that never comes): after the grace
     # period the engine saves and stops it where it is; its finally block still runs.
