@@ -24,6 +24,7 @@ import os
 import socket
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from ptdash.shared import __version__, frontlink, perms, rundir
@@ -124,12 +125,19 @@ def _check_target(target: list[str], module: str | None) -> tuple[list[str], str
     if script.startswith("-"):
         raise CliError(f"unrecognized option {script}")
     path = Path(script)
-    if not path.is_file():
+    source = path
+    if path.is_dir():  # a directory with a __main__.py, as python runs it (a zip is a file)
+        source = path / "__main__.py"
+        if not source.is_file():
+            raise CliError(f"cannot run {script!r}: a directory without a __main__.py", 2)
+    elif not path.is_file():
         raise CliError(f"cannot open script {script!r}: no such file", 2)
+    if zipfile.is_zipfile(path):
+        return list(target), path.stem
     try:
-        compile(path.read_bytes(), script, "exec")
+        compile(source.read_bytes(), str(source) if source is not path else script, "exec")
     except SyntaxError as exc:
-        raise CliError(f"syntax error in {script}, line {exc.lineno}: {exc.msg}", 1) from None
+        raise CliError(f"syntax error in {exc.filename or script}, line {exc.lineno}: {exc.msg}", 1) from None
     except ValueError as exc:  # source with null bytes
         raise CliError(f"cannot compile {script}: {exc}", 1) from None
     return list(target), path.stem

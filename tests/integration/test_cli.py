@@ -49,6 +49,29 @@ def test_script_sees_python_like_argv_path_and_cwd(tmp_path):
     assert "VALUE 42" in result.stdout
 
 
+def test_a_directory_or_zip_with_a_main_runs_as_python_runs_it(tmp_path):
+    import zipfile
+
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text("import sys\nprint('APP', __name__, sys.argv[1:])\n")
+    result = ptdash("--headless", "app", "x", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "APP __main__ ['x']" in result.stdout
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as z:
+        z.write(app / "__main__.py", "__main__.py")
+    result = ptdash("--headless", "app.zip", "y", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "APP __main__ ['y']" in result.stdout
+    (tmp_path / "empty").mkdir()
+    refused = ptdash("--headless", "empty", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "ptdash: error: cannot run 'empty': a directory without a __main__.py"]
+    (app / "__main__.py").write_text("print(\n")
+    refused = ptdash("--headless", "app", cwd=tmp_path)
+    assert refused.returncode == 1 and "syntax error in" in refused.stderr and "__main__.py, line 1" in refused.stderr
+
+
 def test_module_mode(tmp_path):
     (tmp_path / "pkgmod.py").write_text("import sys\nprint('MOD', __name__, sys.argv[1:])\n")
     result = ptdash("--headless", "-m", "pkgmod", "a", "b", "--n", "5", "-h", cwd=tmp_path)
