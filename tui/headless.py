@@ -134,14 +134,16 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
             except OSError:
                 pass
         what = signal.Signals(signum).name
+        # Past the terminal's "^C" (not in the output: ptdash's lines start lines of their own).
+        lead = "\n" if signum == signal.SIGINT and _is_terminal() else ""
         if name == "stop":
-            say(f"\n[ptdash] {what}: stopping cleanly after this step, with a checkpoint ({what} again to kill)")
+            say(f"{lead}[ptdash] {what}: stopping cleanly after this step, with a checkpoint ({what} again to kill)")
         elif signals.get("ended"):
             state, code = signals["ended"]
-            say(f"\n[ptdash] {what} again: the run had already ended ({state}, exit code {code}); "
+            say(f"{lead}[ptdash] {what} again: the run had already ended ({state}, exit code {code}); "
                 "killing what was left of its process")
         else:
-            say(f"\n[ptdash] {what} again: killing the run")
+            say(f"{lead}[ptdash] {what} again: killing the run")
 
     def on_hangup(*_):
         signals["hangup"] = True
@@ -182,6 +184,13 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
     say(f"[ptdash] {info.status} ({describe_exit(code)}); {line.removeprefix('[ptdash] ')}"
         f"\n[ptdash] run dir: {run_dir}")
     return code
+
+
+def _is_terminal() -> bool:
+    try:
+        return os.isatty(sys.stdout.fileno())
+    except (OSError, ValueError):
+        return False
 
 
 def _ended(run_dir: Path, code: int) -> RunInfo:

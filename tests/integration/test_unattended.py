@@ -239,6 +239,7 @@ def test_a_second_sigterm_after_the_run_ended_keeps_its_exit_code(tmp_path):
         text = front_output(tmp_path)
         assert "SIGTERM again: the run had already ended (stopped, exit code 0)" in text, text[-2000:]
         assert "stopped (exit code 0)" in text
+        assert "\n\n[ptdash] SIGTERM" not in text  # no empty line of ptdash's own before its lines
         wait_for(lambda: not processes_of(run_dir), 30, what="the lingering process to end")
     finally:
         if proc.poll() is None:
