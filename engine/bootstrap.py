@@ -174,7 +174,7 @@ def main() -> int:
             link.close()
 
     real_exit = os._exit
-    os._exit = _exit_through(real_exit, end)
+    os._exit = _exit_through(real_exit, end, lambda: engine.journal.state == "stopping")
     state, code, detail = "finished", 0, ""
     # The script's globals outlive it until the engine has finished, so a checkpoint due
     # at the very end still finds the model and optimizer.
@@ -212,13 +212,14 @@ def main() -> int:
     return code
 
 
-def _exit_through(real_exit, end):
+def _exit_through(real_exit, end, stopping):
     """``os._exit`` for the script: in this process (not a forked DataLoader worker or
     multiprocessing child, whose own exit this is), the end of the run is recorded first,
     as python shows what the script printed before it: the output still in the relay's
     pipe, the steps not yet flushed, run.json's final state. None of the script's own
     cleanup runs, as under python; if recording the end takes over END_WAIT_S, the
-    process exits anyway."""
+    process exits anyway. ``stopping()``: whether a stop was asked for (the script may
+    leave this way from its handler of the stop)."""
     owner = os.getpid()
 
     @functools.wraps(real_exit)
@@ -233,7 +234,7 @@ def _exit_through(real_exit, end):
                         stream.flush()
                     except (OSError, ValueError):
                         pass
-                end(*_ended_by_exit(status))
+                end(*_ended_by_exit(status, stopping()))
             except BaseException:  # noqa: BLE001 - the exit must happen whatever ptdash does
                 pass
         real_exit(status)
@@ -241,10 +242,10 @@ def _exit_through(real_exit, end):
     return _exit
 
 
-def _ended_by_exit(status) -> tuple[str, int, str]:
+def _ended_by_exit(status, stopping: bool) -> tuple[str, int, str]:
     code = status if isinstance(status, int) else 1
     if code == 0:
-        return "finished", 0, ""
+        return ("stopped" if stopping else "finished"), 0, ""
     return "crashed", code, f"the script exited with code {code} (os._exit)"
 
 

@@ -249,6 +249,43 @@ def test_a_second_sigterm_after_the_run_ended_keeps_its_exit_code(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_stop_the_script_answers_with_os_exit_reads_stopped(tmp_path):
+    # Scripts that must not hang in teardown leave through os._exit, from their handler too.
+    script = tmp_path / "hard_stop.py"
+    script.write_text(
+        "import os, time, torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "try:\n"
+        "    for _ in range(1_000_000):\n"
+        "        opt.zero_grad()\n"
+        "        model(torch.randn(8, 4)).sum().backward()\n"
+        "        opt.step()\n"
+        "        time.sleep(0.01)\n"
+        "except BaseException as exc:\n"
+        "    print('leaving on', type(exc).__name__, flush=True)\n"
+        "    os._exit(0)\n")
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "front.out", "wb") as out:
+        proc = subprocess.Popen([*CLI, "--headless", "--run-dir", str(run_dir), str(script)], cwd=tmp_path,
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=ENV)
+    try:
+        wait_for(lambda: stored_step(run_dir) >= 3, 120, what="step 3")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+        info = rundir.read_info(run_dir)
+        assert (info.status, info.exit_code) == ("stopped", 0), info
+        assert "leaving on StopTraining" in front_output(tmp_path)
+        checkpoint_of(run_dir)
+        assert stored_step(run_dir) == info.step
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in processes_of(run_dir):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_sigterm_between_steps_stops_after_the_grace_period(started, tmp_path, monkeypatch):
     # The script stops stepping (it waits for a file that never comes): after the grace
     # period the engine saves and stops it where it is; its finally block still runs.
