@@ -26,6 +26,15 @@ JOB = SCRIPTS / "realistic" / "batch_job" / "train.py"
 CLI = [sys.executable, "-m", "ptdash.tui.cli"]
 LONG = ("--epochs", "1000", "--sleep", "0.02")
 FINALLY = "finally: cleanup ran after step"
+STEPS_FOREVER = ("import time, torch\n"
+                 "model = torch.nn.Linear(4, 1)\n"
+                 "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                 "for _ in range(1_000_000):\n"
+                 "    opt.zero_grad()\n"
+                 "    model(torch.randn(8, 4)).sum().backward()\n"
+                 "    opt.step()\n"
+                 "    time.sleep(0.01)\n")
+"""A script's training loop that steps until it is stopped."""
 
 
 def processes_of(run_dir: Path) -> list[int]:
@@ -62,10 +71,10 @@ def started(tmp_path):
     """Start a headless run (``prefix`` wraps the CLI, as ``timeout`` does) and clean up after."""
     procs = []
 
-    def start(*options: str, prefix: tuple = (), stdout=None, args: tuple = LONG) -> subprocess.Popen:
+    def start(*options: str, prefix: tuple = (), stdout=None, args: tuple = LONG, script: Path = JOB) -> subprocess.Popen:
         run_dir = tmp_path / "run"
         out = stdout if stdout is not None else open(tmp_path / "front.out", "wb")
-        proc = subprocess.Popen([*prefix, *CLI, "--headless", "--run-dir", str(run_dir), *options, str(JOB), *args],
+        proc = subprocess.Popen([*prefix, *CLI, "--headless", "--run-dir", str(run_dir), *options, str(script), *args],
                                 cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=ENV)
         procs.append(proc)
         proc.run_dir = run_dir
@@ -209,81 +218,42 @@ def test_a_second_ctrl_c_kills(started, tmp_path):
     wait_for(lambda: not processes_of(proc.run_dir), 30, what="the killed run's processes to end")
 
 
-def test_a_second_sigterm_after_the_run_ended_keeps_its_exit_code(tmp_path):
+def test_a_second_sigterm_after_the_run_ended_keeps_its_exit_code(started, tmp_path):
     # The run's end is recorded before its process is gone (torch's teardown, workers being
     # joined; here an atexit handler that hangs): a second SIGTERM kills what is left of
     # the process, and the exit code stays the run's own (it read 137).
     script = tmp_path / "linger.py"
-    script.write_text(
-        "import atexit, time, torch\n"
-        "atexit.register(time.sleep, 600)  # a teardown that hangs\n"
-        "model = torch.nn.Linear(4, 1)\n"
-        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "for _ in range(1_000_000):\n"
-        "    opt.zero_grad()\n"
-        "    model(torch.randn(8, 4)).sum().backward()\n"
-        "    opt.step()\n"
-        "    time.sleep(0.01)\n")
-    run_dir = tmp_path / "run"
-    with open(tmp_path / "front.out", "wb") as out:
-        proc = subprocess.Popen([*CLI, "--headless", "--run-dir", str(run_dir), str(script)], cwd=tmp_path,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=ENV)
-    try:
-        wait_for(lambda: stored_step(run_dir) >= 3, 120, what="step 3")
-        proc.send_signal(signal.SIGTERM)
-        wait_for(lambda: rundir.read_info(run_dir).status == "stopped", 120, what="the run's recorded end")
-        # Again until it is gone (one within REPEAT_S of the first counts as the same one).
-        wait_for(lambda: proc.poll() is not None or proc.send_signal(signal.SIGTERM), 60, interval=1.0,
-                 what="a second SIGTERM to end the lingering process")
-        assert proc.wait(60) == 0
-        text = front_output(tmp_path)
-        assert "SIGTERM again: the run had already ended (stopped, exit code 0)" in text, text[-2000:]
-        assert "stopped (exit code 0)" in text
-        assert "\n\n[ptdash] SIGTERM" not in text  # no empty line of ptdash's own before its lines
-        wait_for(lambda: not processes_of(run_dir), 30, what="the lingering process to end")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in processes_of(run_dir):
-            os.kill(pid, signal.SIGKILL)
+    script.write_text("import atexit, time\natexit.register(time.sleep, 600)  # a teardown that hangs\n" + STEPS_FOREVER)
+    proc = started(script=script, args=())
+    wait_for(lambda: stored_step(proc.run_dir) >= 3, 120, what="step 3")
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: rundir.read_info(proc.run_dir).status == "stopped", 120, what="the run's recorded end")
+    # Again until it is gone (one within REPEAT_S of the first counts as the same one).
+    wait_for(lambda: proc.poll() is not None or proc.send_signal(signal.SIGTERM), 60, interval=1.0,
+             what="a second SIGTERM to end the lingering process")
+    assert proc.wait(60) == 0
+    text = front_output(tmp_path)
+    assert "SIGTERM again: the run had already ended (stopped, exit code 0)" in text, text[-2000:]
+    assert "stopped (exit code 0)" in text
+    assert "\n\n[ptdash] SIGTERM" not in text  # no empty line of ptdash's own before its lines
+    wait_for(lambda: not processes_of(proc.run_dir), 30, what="the lingering process to end")
 
 
-def test_a_stop_the_script_answers_with_os_exit_reads_stopped(tmp_path):
+def test_a_stop_the_script_answers_with_os_exit_reads_stopped(started, tmp_path):
     # Scripts that must not hang in teardown leave through os._exit, from their handler too.
     script = tmp_path / "hard_stop.py"
-    script.write_text(
-        "import os, time, torch\n"
-        "model = torch.nn.Linear(4, 1)\n"
-        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "try:\n"
-        "    for _ in range(1_000_000):\n"
-        "        opt.zero_grad()\n"
-        "        model(torch.randn(8, 4)).sum().backward()\n"
-        "        opt.step()\n"
-        "        time.sleep(0.01)\n"
-        "except BaseException as exc:\n"
-        "    print('leaving on', type(exc).__name__, flush=True)\n"
-        "    os._exit(0)\n")
-    run_dir = tmp_path / "run"
-    with open(tmp_path / "front.out", "wb") as out:
-        proc = subprocess.Popen([*CLI, "--headless", "--run-dir", str(run_dir), str(script)], cwd=tmp_path,
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=ENV)
-    try:
-        wait_for(lambda: stored_step(run_dir) >= 3, 120, what="step 3")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(120) == 0
-        info = rundir.read_info(run_dir)
-        assert (info.status, info.exit_code) == ("stopped", 0), info
-        assert "leaving on StopTraining" in front_output(tmp_path)
-        checkpoint_of(run_dir)
-        assert stored_step(run_dir) == info.step
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in processes_of(run_dir):
-            os.kill(pid, signal.SIGKILL)
+    body = "".join("    " + line + "\n" for line in STEPS_FOREVER.splitlines())
+    script.write_text("import os\ntry:\n" + body + "except BaseException as exc:\n"
+                      "    print('leaving on', type(exc).__name__, flush=True)\n    os._exit(0)\n")
+    proc = started(script=script, args=())
+    wait_for(lambda: stored_step(proc.run_dir) >= 3, 120, what="step 3")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(120) == 0
+    info = rundir.read_info(proc.run_dir)
+    assert (info.status, info.exit_code) == ("stopped", 0), info
+    assert "leaving on StopTraining" in front_output(tmp_path)
+    checkpoint_of(proc.run_dir)
+    assert stored_step(proc.run_dir) == info.step
 
 
 def test_sigterm_between_steps_stops_after_the_grace_period(started, tmp_path, monkeypatch):
