@@ -365,6 +365,8 @@ class Engine:
             self.profiler.on_step_end(step)
         if self._periodic and self.checkpointer.due(step):
             self.controls.request_checkpoint("periodic")
+        # A profile window opens only at a boundary, whose step ends here again.
+        self.hooks.ends_wanted = self.profiler.wanted or self._periodic
 
     # ------------------------------------------------------------- public API
 

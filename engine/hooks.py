@@ -20,8 +20,10 @@ no optimizer gets its steps inferred (manual.py). Commands take effect at the ma
 step's boundary: the first of the main optimizer's own ``clip_grad_norm_`` call and its
 step, so a clip changed "from step N" is the clip step N's update used.
 
-The hot path is what runs at every step: a loss reference kept at ``backward``, its
-finite check on CPU, and a StepRecord appended for the flusher. On the steps the cost
+The hot path is what runs at every step: a loss reference kept at ``backward`` (on the
+lean path a CPU loss is read there instead), its finite check on CPU, and a StepRecord
+appended for the flusher. Once a step, caches are cold: each Python call and each tensor
+call on this path costs microseconds, so the lean path makes as few as it can. On the steps the cost
 budget samples (budget.py: all of them while it can afford it) also one fused norm pass
 (shared with the script's own clipping, which makes it free: then it runs every step) and
 the gradients' finite check on CPU. A step the budget does not sample, with nothing at its
@@ -58,6 +60,17 @@ from .tracked import ClipNotes, Tracked
 _perf_counter = time.perf_counter
 _isfinite = math.isfinite
 _FLOAT64 = torch.float64
+
+
+def _finite_on_cpu(losses: list) -> bool:
+    """Whether the step's losses that can be read without waiting (floats, CPU tensors) are finite."""
+    for loss in losses:
+        if type(loss) is float:
+            if not _isfinite(loss):
+                return False
+        elif loss.is_cpu and not _isfinite(loss.item()):
+            return False
+    return True
 
 
 class Hooks(StepEnd, InferredSteps):
@@ -135,6 +148,9 @@ class Hooks(StepEnd, InferredSteps):
         lean path (see ``_pre_step``): decided at each main step's end for the steps until the next."""
         self._in_lean: Tracked | None = None
         """The optimizer whose step under way took the lean path."""
+        self.ends_wanted = True
+        """Whether a lean step's end calls ``step_end`` (the full path always does): the
+        engine says after each call whether it has work at the next ones."""
         discovery.on_models.append(self._on_models)
 
     @property
@@ -277,13 +293,14 @@ class Hooks(StepEnd, InferredSteps):
                 and not self.controls.has_work(self.step) and lean.ref() is opt):
             # The lean path: a step the budget does not sample, of an optimizer already known,
             # with no closure, no clip or LR override and nothing for the boundary to serve.
-            # Only the loss is checked before the update (on CPU); the step is recorded at its end.
+            # Only the loss is checked before the update (on CPU: a float was checked at its
+            # backward, wrappers.py); the step is recorded at its end.
             self._in_lean = lean
             if not lean.index:
                 self._in_step = self._at_boundary = True
             losses = self._losses
             for loss in losses:
-                if loss.is_cpu:
+                if type(loss) is not float and loss.is_cpu:
                     value = loss.item()
                     if not _isfinite(value):
                         self._unmetered(self.anomalies.before_update, opt, self.step + 1, None, [])
@@ -346,11 +363,8 @@ class Hooks(StepEnd, InferredSteps):
             tracked.norms = None
             if every and step % every == 0:
                 self._ratio_owed = True
-            if tracked.closure_losses is None:
-                for loss in self._losses:
-                    if loss.is_cpu and not _isfinite(loss.item()):
-                        self._unmetered(self.anomalies.before_update, opt, step, None, [])
-                        break
+            if tracked.closure_losses is None and not _finite_on_cpu(self._losses):
+                self._unmetered(self.anomalies.before_update, opt, step, None, [])
             return
         else:
             params, per_tensor, total = tracked.measure()
@@ -369,11 +383,7 @@ class Hooks(StepEnd, InferredSteps):
             # before the update. On CUDA it would be a sync per step: the flusher reports it
             # there instead, a flush later.
             if tracked.closure_losses is None:
-                finite = _isfinite(total.item())
-                for loss in self._losses:
-                    if loss.is_cpu and not _isfinite(loss.item()):
-                        finite = False
-                if not finite:
+                if not (_isfinite(total.item()) and _finite_on_cpu(self._losses)):
                     self._extra += _perf_counter() - t0
                     self._unmetered(self.anomalies.before_update, opt, step, per_tensor, params)
                     return

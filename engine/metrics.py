@@ -138,8 +138,9 @@ def update_ratio(before: list[torch.Tensor], after: list[torch.Tensor]) -> torch
     return delta_norms / weight_norms.clamp_min(1e-12)
 
 
-def fold(losses: list[torch.Tensor]) -> torch.Tensor:
-    """The losses added up left to right, as a script summing them would (on the device)."""
+def fold(losses: list) -> torch.Tensor:
+    """The losses added up left to right, as a script summing them would (on the device;
+    the first may be a float, read on CPU at its backward)."""
     total = losses[0]
     for loss in losses[1:]:
         total = total + loss

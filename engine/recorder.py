@@ -137,7 +137,7 @@ class Recorder:
         add, extend = scalars.append, scalars.extend
         for r in records:
             losses = r.losses
-            if losses and type(losses[0]) is not float:  # a float: read on the training thread already
+            if losses and (len(losses) > 1 or type(losses[0]) is not float):  # a float: read already
                 add(losses[0] if len(losses) == 1 else fold(losses))
             if r.total is not None:
                 add(r.total)
@@ -154,7 +154,7 @@ class Recorder:
             values: dict[str, float | None] = {}
             finite = True
             if losses:
-                loss = losses[0] if type(losses[0]) is float else next(host)
+                loss = losses[0] if len(losses) == 1 and type(losses[0]) is float else next(host)
                 values[names.loss] = loss = loss if _isfinite(loss) else None
                 if len(losses) > 1:
                     values[names.micro_batches] = float(len(losses))

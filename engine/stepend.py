@@ -9,8 +9,9 @@ a StepRecord for the flusher: another optimizer's at the main step it follows, t
 one's (or an inferred step's, manual.py) with its timing, samples, update ratios and the
 values ``ptdash.log`` gave (``_end_step``). Then the next step's path is decided
 (``_next_step``): whether the model's forward hook is wanted, and whether the next steps (of
-every optimizer, until the next main step's end) may take the lean path, whose end
-(``_end_lean``, or another optimizer's record) records only what that path measured.
+every optimizer, until the next main step's end) may take the lean path, whose end (the
+first branch of ``_post_step``) records only what that path measured, and calls the
+engine's ``step_end`` only while it has work at step ends (``ends_wanted``).
 """
 
 from __future__ import annotations
@@ -45,18 +46,47 @@ class StepEnd:
         """The global optimizer step post-hook, after every optimizer's update."""
         lean = self._in_lean
         if lean is not None:
+            # The end of a lean step (see ``_pre_step``): nothing was sampled, timed or served,
+            # so only the record, the counters and the next step's path are left. Written out
+            # here, not in a method of its own: a call costs microseconds once a step, when
+            # caches are cold.
             now = _perf_counter()
             self._in_lean = None
             losses, self._losses = self._losses, []
             lrs = list(map(_LR, opt.param_groups))
-            if set(map(type, lrs)) != _FLOAT:
+            if (type(lrs[0]) is not float or len(lrs) > 1) and set(map(type, lrs)) != _FLOAT:
                 lrs = _held(lrs)
             if lean.index:  # another optimizer's step, at the main step it follows
                 self.recorder.add(_record((self.step, time.time(), losses, None, None, None, None, lrs, None,
                                            0, None, None, lean.index, 0.0, 0.0)))
                 self._own += _perf_counter() - now
-            else:
-                self._end_lean(opt, losses, lrs, now)
+                return
+            step = self.step + 1
+            start = self._t_post
+            user = self.user_values
+            user = user.take() if user.pending else None
+            t_record = _perf_counter()
+            self.recorder.add(_record((step, time.time(), losses, None, None, None, None, lrs,
+                                       (start, None, None, now, None, 0.0), 0, None, user, 0,
+                                       self._own + t_record - now, 0.0)))
+            self.last_step_s = 0.9 * self.last_step_s + 0.1 * (now - start)
+            self.step = step
+            self._in_step = self._at_boundary = False
+            self._t_post = now
+            doctor = self.doctor
+            if step >= doctor.post_from:
+                doctor.on_post_step(opt, step)
+            if self.ends_wanted:
+                self._step_end(step)
+            pending = self.controls.pending
+            every = self._budget.every
+            # Settings change only at a boundary the lean path did not take; a checkpoint can
+            # fall due in ``_step_end``, and the doctor may watch the next step.
+            if doctor.watching or pending.checkpoint or pending.stop is not None or not (step + 1) % every:
+                self._next_step(opt, step)
+            elif self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
+                self._ratio_owed = True
+            self._own = _perf_counter() - t_record
             return
         tracked = self._tracked.get(id(opt))
         if tracked is None or tracked.ref() is not opt:
@@ -145,31 +175,3 @@ class StepEnd:
             self._lean = {}
         if self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
             self._ratio_owed = True  # taken at the next sampled step
-
-    def _end_lean(self, opt, losses: list, lrs: list, now: float) -> None:
-        """``_end_step`` after the lean path: nothing was sampled, timed or served, so only
-        the record, the counters and the next step's path are left."""
-        step = self.step + 1
-        start = self._t_post
-        t_record = _perf_counter()
-        user = self.user_values
-        self.recorder.add(_record((step, time.time(), losses, None, None, None, None, lrs,
-                                   (start, None, None, now, None, 0.0), 0, None,
-                                   user.take() if user.pending else None, 0, self._own + t_record - now, 0.0)))
-        self.last_step_s = 0.9 * self.last_step_s + 0.1 * (now - start)
-        self.step = step
-        self._in_step = self._at_boundary = False
-        self._t_post = now
-        doctor = self.doctor
-        if step >= doctor.post_from:
-            doctor.on_post_step(opt, step)
-        self._step_end(step)
-        pending = self.controls.pending
-        every = self._budget.every
-        # Settings change only at a boundary the lean path did not take; a checkpoint can
-        # fall due in ``_step_end``, and the doctor may watch the next step.
-        if doctor.watching or pending.checkpoint or pending.stop is not None or not (step + 1) % every:
-            self._next_step(opt, step)
-        elif self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
-            self._ratio_owed = True
-        self._own = _perf_counter() - t_record

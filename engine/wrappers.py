@@ -15,6 +15,7 @@ Each wrapper reads and writes the per-step state of a ``hooks.Hooks``; each is m
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 
@@ -24,17 +25,39 @@ from . import metrics
 from .invisible import own
 
 _perf_counter = time.perf_counter
+_isfinite = math.isfinite
+_FLOAT64 = torch.float64
 MAX_LOSSES = 64
 """Loss references kept for one step; beyond this they are added up on the device."""
 
 
 def wrap_backward(hooks, original):
-    """``torch.autograd.backward`` that keeps the loss: a detached reference, no copy."""
+    """``torch.autograd.backward`` that keeps the loss: a detached reference, no copy; on
+    the lean path (a step the budget does not sample), a CPU loss is read at once instead."""
     doctor, manual, Tensor = hooks.doctor, hooks.manual, torch.Tensor
 
     @own
     def backward(tensors, *args, **kwargs):
         t_in = _perf_counter()
+        if hooks._lean and not hooks._unscaled:
+            # The next step may take the lean path (stepend.py): a known optimizer, nothing
+            # watched or sampled, so nothing else here applies. A CPU loss is read now: no
+            # reference is kept and its pre-update check is done (a non-finite one sends the
+            # step down the full path, whose check stops it). Each tensor call costs
+            # microseconds when caches are cold, as they are once a step: this makes one.
+            if isinstance(tensors, Tensor) and tensors.numel() == 1:
+                losses = hooks._losses
+                if not losses and tensors.is_cpu and tensors.dtype is not _FLOAT64:
+                    value = tensors.item()
+                    losses.append(value)
+                    if not _isfinite(value):
+                        hooks._lean = {}
+                else:
+                    losses.append(tensors.detach())
+                    if len(losses) > MAX_LOSSES:
+                        hooks._losses = [metrics.fold(losses)]
+            hooks._own += _perf_counter() - t_in
+            return original(tensors, *args, **kwargs)
         t = tensors
         if not isinstance(t, Tensor):
             t = t[0] if isinstance(t, (list, tuple)) and len(t) == 1 else None
@@ -99,13 +122,12 @@ def wrap_zero_grad(hooks, original):
     @own
     def zero_grad(opt, *args, **kwargs):
         t_in = _perf_counter()
-        main = hooks.main
-        if not hooks._in_step and (main is None or main.ref() is opt):
-            # What a step GradScaler skipped left behind (no optimizer hook fired) must not
-            # be counted in the next step.
-            if hooks._losses:
+        if hooks._losses or hooks.clip_notes.notes:
+            main = hooks.main
+            if not hooks._in_step and (main is None or main.ref() is opt):
+                # What a skipped step left behind (GradScaler's, or the script's own: no
+                # optimizer hook fired) must not be counted in the next step.
                 hooks._losses = []
-            if hooks.clip_notes.notes:
                 hooks.clip_notes.clear()
         if doctor.watching:
             doctor.on_zero_grad(opt)

@@ -262,3 +262,98 @@ def test_a_gans_two_optimizers_both_take_the_lean_path_and_keep_every_loss_and_l
             assert 0 < len(late) <= 150 and all((s + shift) % 2 == 0 for s in late), (name, late)
         anomalies = [e for e in store.events() if e.kind == "anomaly"]
     assert anomalies[0].data["step"] == planted + 1 and "update skipped" in anomalies[0].message
+
+
+def _until_thinned(engine, more: int):
+    """0, 1, 2, ...: until the budget has thinned the sampling, then ``more`` more."""
+    i, thinned_at = 0, None
+    while thinned_at is None or i < thinned_at + more:
+        yield i
+        i += 1
+        if thinned_at is None and engine.budget.every > 1:
+            thinned_at = i
+        assert i < 1_000_000, "the budget never thinned the sampling"
+
+
+def test_a_thinned_step_of_two_micro_batches_stores_their_sum(tmp_path):
+    # Gradient accumulation: on the lean path the first loss is read at its backward, the
+    # second is kept as a tensor; the record adds them up as the script's own sum would.
+    run_dir = rundir.create(tmp_path, "micro")
+    engine = Engine(run_dir, RunConfig(overhead_budget=0.001))
+    engine.start()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(2, 16, 4), torch.randn(2, 16, 1)
+    seen, read_early = [], 0
+    try:
+        for _ in _until_thinned(engine, 200):
+            opt.zero_grad()
+            halves = [torch.nn.functional.mse_loss(model(x[k]), y[k]) / 2 for k in range(2)]
+            for half in halves:
+                half.backward(retain_graph=True)
+            read_early += type(engine.hooks._losses[0]) is float
+            opt.step()
+            seen.append((halves[0].detach() + halves[1].detach()).item())
+    finally:
+        engine.finish("finished", 0)
+    assert read_early > 100  # the lean path's early read was taken
+    every_step = list(range(1, len(seen) + 1))
+    with StoreReader(run_dir / "metrics.db") as store:
+        assert store.series("loss") == (every_step, seen)
+        assert store.series("loss/micro_batches") == (every_step, [2.0] * len(seen))
+
+
+def test_a_batch_the_script_skips_after_its_backward_leaves_nothing_behind_when_thinned(tmp_path):
+    # Scripts skip a bad batch: backward, then zero_grad and no step. Its loss, finite or
+    # not, is not counted in the next step, and ptdash's NaN guard has nothing to stop.
+    run_dir = rundir.create(tmp_path, "skipped")
+    engine = Engine(run_dir, RunConfig(overhead_budget=0.001, on_anomaly="skip"))
+    engine.start()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    seen, skipped = [], 0
+    try:
+        for i in _until_thinned(engine, 200):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if i % 10 == 5:
+                (loss * float("nan") if i % 20 == 5 else loss).backward()
+                opt.zero_grad()
+                skipped += 1
+                continue
+            loss.backward()
+            opt.step()
+            seen.append(loss.detach().item())
+    finally:
+        engine.finish("finished", 0)
+    assert skipped > 20 and all(torch.isfinite(p).all() for p in model.parameters())
+    with StoreReader(run_dir / "metrics.db") as store:
+        assert store.series("loss") == (list(range(1, len(seen) + 1)), seen)
+        assert store.series("loss/micro_batches") == ([], [])
+        assert [e for e in store.events() if e.kind == "anomaly"] == []
+
+
+def test_a_profile_asked_while_steps_are_thinned_records_its_steps_and_ends(tmp_path):
+    # The lean path calls the engine at step ends only while it has work there: an open
+    # profile window must still see each of its steps end.
+    from ptdash.shared.protocol import Command
+    from support.runner import wait_for
+
+    run_dir = rundir.create(tmp_path, "profile")
+    engine = Engine(run_dir, RunConfig(overhead_budget=0.001))
+    engine.start()
+    try:
+        for _ in _until_thinned(engine, 5):
+            _train(1)
+        assert not engine.hooks.ends_wanted
+        engine.controls.submit(Command(id="p", name="profile", value=3))
+        at = engine.hooks.step
+        _train(20)
+        assert engine.profiler._current is None and not engine.hooks.ends_wanted
+        wait_for(lambda: list((run_dir / "profiles").glob(f"profile-step{at + 1}-{at + 3}.json")), 60,
+                 what="the profile's trace")
+    finally:
+        engine.finish("finished", 0)
