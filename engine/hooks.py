@@ -194,8 +194,7 @@ class Hooks(StepEnd, InferredSteps):
         patch(torch.amp.GradScaler, "scale", wrappers.wrap_scale(self, torch.amp.GradScaler.scale))
         patch(torch.optim.Optimizer, "zero_grad", wrappers.wrap_zero_grad(self, torch.optim.Optimizer.zero_grad))
         self.loaders.timing = self.doctor.watching
-        if self._forward_on:  # attached again after a detach
-            self._set_forward_hook(True)
+        self._set_forward_hook(self._forward_on)  # as it was, when attached again after a detach
 
     def arm_resume(self, apply) -> None:
         """Load a checkpoint at the first module forward or optimizer step (checkpoint.py)."""
@@ -212,6 +211,7 @@ class Hooks(StepEnd, InferredSteps):
             self._model_hook.remove()
             self._model_hook = None
         self._patches.undo()
+        self.loaders.detached()
 
     # ------------------------------------------------------- the model's forward hook
 
@@ -223,6 +223,7 @@ class Hooks(StepEnd, InferredSteps):
 
     def _set_forward_hook(self, on: bool) -> None:
         self._forward_on = on
+        self.loaders.watch_batches(on)  # the forward hook reads which loader served the batch
         models = self.discovery.models
         if on and self._model_hook is None and models:
             self._model_hook = models[0].register_forward_pre_hook(self._forward_fn)

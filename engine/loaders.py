@@ -3,7 +3,9 @@
 Patches on ``DataLoader.__init__`` / ``__iter__`` (once per loader or epoch) remember
 where each loader was made and which loader an iterator belongs to. The batch iterator's
 ``__next__`` notes which loader served the latest batch and, on the steps the hooks time,
-how long the batch took and how many samples it held. The loader that served the batch
+how long the batch took and how many samples it held; it is in place only while the hooks
+watch the start of steps (``watch_batches``: before step 1, on the doctor's steps, when a
+save is due), not on the lean steps. The loader that served the batch
 before a training forward (grad enabled, outside an optimizer step) is the training
 loader: its waits are the step's "waiting for data", its iterations are the epochs. An
 evaluation loader's batches (under ``no_grad``) never make it the training loader.
@@ -42,6 +44,8 @@ class Loaders:
         """``(iterator, start, end, samples)`` of the batches fetched while timing."""
         self.began: Any = lambda: None
         """Called at each batch: the first one may be where step 1 begins."""
+        self._next: tuple[type, Any, Any] | None = None
+        """While attached: the batch iterator class, ptdash's ``__next__`` and torch's."""
 
     def attach(self, patches: Patches) -> None:
         from torch.utils.data import DataLoader
@@ -83,6 +87,19 @@ class Loaders:
         patches.set(DataLoader, "__init__", __init__)
         patches.set(DataLoader, "__iter__", __iter__)
         patches.set(_BaseDataLoaderIter, "__next__", __next__)
+        self._next = (_BaseDataLoaderIter, __next__, fetch)
+
+    def detached(self) -> None:
+        """The patches were undone: ``watch_batches`` has nothing to switch."""
+        self._next = None
+
+    def watch_batches(self, on: bool) -> None:
+        """Fetch batches through ptdash's ``__next__`` (on) or torch's own (off: on the lean
+        steps there is nothing to time or note, and a call a batch costs microseconds when
+        caches are cold). A loop's iterator looks ``__next__`` up on its class at each batch."""
+        if self._next is not None:
+            cls, mine, torchs = self._next
+            setattr(cls, "__next__", mine if on else torchs)
 
     # ---------------------------------------------------------- training thread
 

@@ -357,3 +357,42 @@ def test_a_profile_asked_while_steps_are_thinned_records_its_steps_and_ends(tmp_
                  what="the profile's trace")
     finally:
         engine.finish("finished", 0)
+
+
+def test_thinned_steps_fetch_batches_through_torchs_own_next_and_the_doctors_steps_still_time_them(tmp_path):
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    torchs = _BaseDataLoaderIter.__next__
+    run_dir = rundir.create(tmp_path, "loader")
+    engine = Engine(run_dir, RunConfig(overhead_budget=0.001))
+    engine.start()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
+    assert _BaseDataLoaderIter.__next__ is not torchs
+    step, epochs, thinned_at, torchs_own, watched_late = 0, 0, None, 0, None
+    try:
+        while watched_late is None or step < watched_late + 5:
+            epochs += 1
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                step += 1
+                torchs_own += _BaseDataLoaderIter.__next__ is torchs
+                if thinned_at is None and engine.budget.every > 1:
+                    thinned_at = step
+                if thinned_at is not None and watched_late is None and engine.doctor.watching:
+                    watched_late = step + 1  # the doctor watches the next step
+                assert step < 1_000_000, "the budget never thinned, or the doctor never watched again"
+        assert engine.hooks.loaders.epoch() == epochs
+    finally:
+        engine.finish("finished", 0)
+    assert _BaseDataLoaderIter.__next__ is torchs  # detached: torch's own again
+    assert torchs_own > 100
+    with StoreReader(run_dir / "metrics.db") as store:
+        timed = dict(zip(*store.series("time/data_s")))
+    assert set(range(2, 30)) <= set(timed)  # the doctor's first steps: every batch timed
+    assert timed[watched_late] > 0  # its batch came through ptdash's __next__ again
