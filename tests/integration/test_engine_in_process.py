@@ -275,15 +275,27 @@ def _until_thinned(engine, more: int):
         assert i < 1_000_000, "the budget never thinned the sampling"
 
 
+def _thinning_engine(tmp_path, name: str, **config):
+    """A started Engine whose budget no step can meet: past its learning steps nearly every
+    step takes the lean path."""
+    run_dir = rundir.create(tmp_path, name)
+    engine = Engine(run_dir, RunConfig(overhead_budget=0.001, **config))
+    engine.start()
+    return run_dir, engine
+
+
+def _small_model():
+    """A seeded 4-8-1 MLP and its SGD optimizer."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.05)
+
+
 def test_a_thinned_step_of_two_micro_batches_stores_their_sum(tmp_path):
     # Gradient accumulation: on the lean path the first loss is read at its backward, the
     # second is kept as a tensor; the record adds them up as the script's own sum would.
-    run_dir = rundir.create(tmp_path, "micro")
-    engine = Engine(run_dir, RunConfig(overhead_budget=0.001))
-    engine.start()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    run_dir, engine = _thinning_engine(tmp_path, "micro")
+    model, opt = _small_model()
     x, y = torch.randn(2, 16, 4), torch.randn(2, 16, 1)
     seen, read_early = [], 0
     try:
@@ -307,12 +319,8 @@ def test_a_thinned_step_of_two_micro_batches_stores_their_sum(tmp_path):
 def test_a_batch_the_script_skips_after_its_backward_leaves_nothing_behind_when_thinned(tmp_path):
     # Scripts skip a bad batch: backward, then zero_grad and no step. Its loss, finite or
     # not, is not counted in the next step, and ptdash's NaN guard has nothing to stop.
-    run_dir = rundir.create(tmp_path, "skipped")
-    engine = Engine(run_dir, RunConfig(overhead_budget=0.001, on_anomaly="skip"))
-    engine.start()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    run_dir, engine = _thinning_engine(tmp_path, "skipped", on_anomaly="skip")
+    model, opt = _small_model()
     x, y = torch.randn(16, 4), torch.randn(16, 1)
     seen, skipped = [], 0
     try:
@@ -342,9 +350,7 @@ def test_a_profile_asked_while_steps_are_thinned_records_its_steps_and_ends(tmp_
     from ptdash.shared.protocol import Command
     from support.runner import wait_for
 
-    run_dir = rundir.create(tmp_path, "profile")
-    engine = Engine(run_dir, RunConfig(overhead_budget=0.001))
-    engine.start()
+    run_dir, engine = _thinning_engine(tmp_path, "profile")
     try:
         for _ in _until_thinned(engine, 5):
             _train(1)
@@ -364,12 +370,8 @@ def test_thinned_steps_fetch_batches_through_torchs_own_next_and_the_doctors_ste
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     torchs = _BaseDataLoaderIter.__next__
-    run_dir = rundir.create(tmp_path, "loader")
-    engine = Engine(run_dir, RunConfig(overhead_budget=0.001))
-    engine.start()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    run_dir, engine = _thinning_engine(tmp_path, "loader")
+    model, opt = _small_model()
     loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
     assert _BaseDataLoaderIter.__next__ is not torchs
     step, epochs, thinned_at, torchs_own, watched_late = 0, 0, None, 0, None
