@@ -23,8 +23,8 @@ step, so a clip changed "from step N" is the clip step N's update used.
 The hot path is what runs at every step: a loss reference kept at ``backward`` (on the
 lean path a CPU loss is read there instead), its finite check on CPU, and a StepRecord
 appended for the flusher. Once a step, caches are cold: each Python call and each tensor
-call on this path costs microseconds, so the lean path makes as few as it can. On the steps the cost
-budget samples (budget.py: all of them while it can afford it) also one fused norm pass
+call on this path costs microseconds, so the lean path makes as few as it can. On the
+steps the cost budget samples (budget.py: all of them while it can afford it) also one fused norm pass
 (shared with the script's own clipping, which makes it free: then it runs every step) and
 the gradients' finite check on CPU. A step the budget does not sample, with nothing at its
 boundary, takes the lean path, for every optimizer (a GAN's two): the pre-step hook checks

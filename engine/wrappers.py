@@ -45,15 +45,18 @@ def wrap_backward(hooks, original):
             # reference is kept and its pre-update check is done (a non-finite one sends the
             # step down the full path, whose check stops it). Each tensor call costs
             # microseconds when caches are cold, as they are once a step: this makes one.
-            if isinstance(tensors, Tensor) and tensors.numel() == 1:
+            t = tensors
+            if not isinstance(t, Tensor):
+                t = t[0] if isinstance(t, (list, tuple)) and len(t) == 1 else None
+            if isinstance(t, Tensor) and t.numel() == 1:
                 losses = hooks._losses
-                if not losses and tensors.is_cpu and tensors.dtype is not _FLOAT64:
-                    value = tensors.item()
+                if not losses and t.is_cpu and t.dtype is not _FLOAT64:
+                    value = t.item()
                     losses.append(value)
                     if not _isfinite(value):
                         hooks._lean = {}
                 else:
-                    losses.append(tensors.detach())
+                    losses.append(t.detach())
                     if len(losses) > MAX_LOSSES:
                         hooks._losses = [metrics.fold(losses)]
             hooks._own += _perf_counter() - t_in

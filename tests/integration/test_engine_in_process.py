@@ -292,8 +292,9 @@ def _small_model():
 
 
 def test_a_thinned_step_of_two_micro_batches_stores_their_sum(tmp_path):
-    # Gradient accumulation: on the lean path the first loss is read at its backward, the
-    # second is kept as a tensor; the record adds them up as the script's own sum would.
+    # Gradient accumulation: on the lean path the first loss is read at its backward (given
+    # here in a list, as torch.autograd.backward takes it too), the second is kept as a
+    # tensor; the record adds them up as the script's own sum would.
     run_dir, engine = _thinning_engine(tmp_path, "micro")
     model, opt = _small_model()
     x, y = torch.randn(2, 16, 4), torch.randn(2, 16, 1)
@@ -302,8 +303,8 @@ def test_a_thinned_step_of_two_micro_batches_stores_their_sum(tmp_path):
         for _ in _until_thinned(engine, 200):
             opt.zero_grad()
             halves = [torch.nn.functional.mse_loss(model(x[k]), y[k]) / 2 for k in range(2)]
-            for half in halves:
-                half.backward(retain_graph=True)
+            torch.autograd.backward([halves[0]])
+            halves[1].backward()
             read_early += type(engine.hooks._losses[0]) is float
             opt.step()
             seen.append((halves[0].detach() + halves[1].detach()).item())
