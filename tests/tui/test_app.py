@@ -101,6 +101,25 @@ def test_quit_and_stop_returns_stop(live_run):
     assert ("stop", None) in engine.names()
 
 
+def test_the_arrow_keys_move_between_a_dialogs_stacked_buttons(live_run):
+    run_dir, engine = live_run
+
+    async def scenario():
+        app = make_app(LiveSource(run_dir))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.source.can_control, what="connection")
+            await pilot.press("s")
+            await until(pilot, lambda: "Kill now" in screen_text(app), what="stop dialog")
+            await pilot.press("down", "down", "up", "enter")  # Stop cleanly, Kill now, Cancel, Kill now
+            await until(pilot, lambda: ("kill", None) in engine.names(), what="kill")
+            await pilot.press("q")
+            await until(pilot, lambda: "Stop training" in screen_text(app), what="quit dialog")
+            await pilot.press("down", "enter")  # from "Leave running in background"
+        return app.return_value
+
+    assert run(scenario()) == "stop"
+
+
 def test_live_values_and_engine_disconnect(live_run):
     run_dir, engine = live_run
 

@@ -16,6 +16,9 @@ class QuitDialog(ModalScreen[str | None]):
         Binding("escape", "dismiss(None)", "Cancel", id="quit-dialog.cancel"),
         Binding("s", "choose('stop')", "Stop training", id="quit-dialog.stop"),
         Binding("d,l", "choose('detach')", "Leave running", id="quit-dialog.detach"),
+        # The buttons are stacked: the arrow keys move between them, as Tab does.
+        Binding("down", "app.focus_next", show=False),
+        Binding("up", "app.focus_previous", show=False),
     ]
 
     DEFAULT_CSS = """

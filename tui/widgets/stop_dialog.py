@@ -16,6 +16,9 @@ class StopDialog(ModalScreen[str | None]):
         Binding("escape", "dismiss(None)", "Cancel", id="stop-dialog.cancel"),
         Binding("enter,s", "choose('stop')", "Stop cleanly", id="stop-dialog.stop"),
         Binding("k", "choose('kill')", "Kill now", id="stop-dialog.kill"),
+        # The buttons are stacked: the arrow keys move between them, as Tab does.
+        Binding("down", "app.focus_next", show=False),
+        Binding("up", "app.focus_previous", show=False),
     ]
 
     DEFAULT_CSS = """
