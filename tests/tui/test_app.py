@@ -82,42 +82,42 @@ def test_keys_send_the_right_commands(live_run):
     assert [n for n, _ in names] == ["pause", "resume", "checkpoint", "clip", "lr_scale", "profile", "stop"]
 
 
-def test_quit_and_stop_returns_stop(live_run):
-    run_dir, engine = live_run
-
+def _answer_dialog(run_dir, opener: str, shown: str, keys: tuple) -> object:
+    """Open a dialog with the ``opener`` key, wait for ``shown`` on screen, press ``keys``;
+    the app's return value."""
     async def scenario():
         app = make_app(LiveSource(run_dir))
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: app.source.can_control, what="connection")
-            await pilot.press("q")
-            await until(pilot, lambda: "Stop training" in screen_text(app), what="quit dialog")
-            await pilot.press("s")
+            await pilot.press(opener)
+            await until(pilot, lambda: shown in screen_text(app), what=shown)
+            await pilot.press(*keys)
+            await pilot.pause()
         return app.return_value
 
-    assert run(scenario()) == "stop"
+    return run(scenario())
+
+
+def _sent(engine, command: tuple) -> bool:
     deadline = time.monotonic() + 3
-    while ("stop", None) not in engine.names() and time.monotonic() < deadline:
+    while command not in engine.names() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert ("stop", None) in engine.names()
+    return command in engine.names()
 
 
-def test_the_arrow_keys_move_between_a_dialogs_stacked_buttons(live_run):
+@pytest.mark.parametrize("keys", [("s",), ("down", "enter")], ids=["key", "arrow"])
+def test_quit_and_stop_returns_stop(live_run, keys):
+    # The dialog's buttons are stacked: Down from "Leave running in background" is "Stop training".
     run_dir, engine = live_run
+    assert _answer_dialog(run_dir, "q", "Stop training", keys) == "stop"
+    assert _sent(engine, ("stop", None))
 
-    async def scenario():
-        app = make_app(LiveSource(run_dir))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await until(pilot, lambda: app.source.can_control, what="connection")
-            await pilot.press("s")
-            await until(pilot, lambda: "Kill now" in screen_text(app), what="stop dialog")
-            await pilot.press("down", "down", "up", "enter")  # Stop cleanly, Kill now, Cancel, Kill now
-            await until(pilot, lambda: ("kill", None) in engine.names(), what="kill")
-            await pilot.press("q")
-            await until(pilot, lambda: "Stop training" in screen_text(app), what="quit dialog")
-            await pilot.press("down", "enter")  # from "Leave running in background"
-        return app.return_value
 
-    assert run(scenario()) == "stop"
+def test_the_arrow_keys_move_between_the_stop_dialogs_buttons(live_run):
+    run_dir, engine = live_run
+    # Stop cleanly, Kill now, Cancel, Kill now.
+    _answer_dialog(run_dir, "s", "Kill now", ("down", "down", "up", "enter"))
+    assert _sent(engine, ("kill", None))
 
 
 def test_live_values_and_engine_disconnect(live_run):
