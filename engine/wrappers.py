@@ -31,6 +31,14 @@ MAX_LOSSES = 64
 """Loss references kept for one step; beyond this they are added up on the device."""
 
 
+def _keep(hooks, loss: torch.Tensor) -> None:
+    """Keep a detached reference to the step's loss (no copy)."""
+    losses = hooks._losses
+    losses.append(loss.detach())
+    if len(losses) > MAX_LOSSES:  # beyond this they are added up on the device
+        hooks._losses = [metrics.fold(losses)]
+
+
 def wrap_backward(hooks, original):
     """``torch.autograd.backward`` that keeps the loss: a detached reference, no copy; on
     the lean path (a step the budget does not sample), a CPU loss is read at once instead."""
@@ -39,32 +47,26 @@ def wrap_backward(hooks, original):
     @own
     def backward(tensors, *args, **kwargs):
         t_in = _perf_counter()
+        t = tensors
+        if not isinstance(t, Tensor):
+            t = t[0] if isinstance(t, (list, tuple)) and len(t) == 1 else None
+        loss = t if isinstance(t, Tensor) and t.numel() == 1 else None
         if hooks._lean and not hooks._unscaled:
             # The next step may take the lean path (stepend.py): a known optimizer, nothing
             # watched or sampled, so nothing else here applies. A CPU loss is read now: no
             # reference is kept and its pre-update check is done (a non-finite one sends the
             # step down the full path, whose check stops it). Each tensor call costs
             # microseconds when caches are cold, as they are once a step: this makes one.
-            t = tensors
-            if not isinstance(t, Tensor):
-                t = t[0] if isinstance(t, (list, tuple)) and len(t) == 1 else None
-            if isinstance(t, Tensor) and t.numel() == 1:
-                losses = hooks._losses
-                if not losses and t.is_cpu and t.dtype is not _FLOAT64:
-                    value = t.item()
-                    losses.append(value)
+            if loss is not None:
+                if not hooks._losses and loss.is_cpu and loss.dtype is not _FLOAT64:
+                    value = loss.item()
+                    hooks._losses.append(value)
                     if not _isfinite(value):
                         hooks._lean = {}
                 else:
-                    losses.append(t.detach())
-                    if len(losses) > MAX_LOSSES:
-                        hooks._losses = [metrics.fold(losses)]
+                    _keep(hooks, loss)
             hooks._own += _perf_counter() - t_in
             return original(tensors, *args, **kwargs)
-        t = tensors
-        if not isinstance(t, Tensor):
-            t = t[0] if isinstance(t, (list, tuple)) and len(t) == 1 else None
-        loss = t if isinstance(t, Tensor) and t.numel() == 1 else None
         if hooks._t_post is None:
             hooks.began()
         inferred = hooks.main is None and hooks.optimizer_less()
@@ -84,10 +86,7 @@ def wrap_backward(hooks, original):
                 ref, raw = hooks._unscaled.pop(id(loss), (None, None))
                 if ref is not None and ref() is loss:
                     loss = raw
-            losses = hooks._losses
-            losses.append(loss.detach())
-            if len(losses) > MAX_LOSSES:  # beyond this they are added up on the device
-                hooks._losses = [metrics.fold(losses)]
+            _keep(hooks, loss)
         if doctor.watching:
             doctor.on_backward()
         hooks._own += _perf_counter() - t_in
