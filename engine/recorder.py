@@ -132,23 +132,42 @@ class Recorder:
             return [], []
         if self._observe is not None:
             self._observe(records)
-        # Each record's device scalars, in a fixed order: [loss], [total], then tensor LRs and user values.
+        # A record that holds only host numbers (a lean step's: a loss read already, one
+        # float LR, the step's time and nothing else) is a row at once; the others wait for
+        # their device scalars, copied in one batch, in a fixed order: [loss], [total], then
+        # tensor LRs and user values.
         scalars: list[torch.Tensor] = []
         add, extend = scalars.append, scalars.extend
+        rows: list = []
+        general = False
         for r in records:
-            losses = r.losses
+            step, wall, losses, total, _, _, _, lrs, times, _, _, user, opt, _, _ = r
+            if (total is None and user is None and not opt and times is not None and times[4] is None
+                    and times[1] is None and len(losses) == 1 and len(lrs) == 1):
+                loss, lr = losses[0], lrs[0]
+                if type(loss) is float and type(lr) is float:
+                    rows.append([step, wall, {"loss": loss if _isfinite(loss) else None,
+                                              "opt/lr/group0": lr if _isfinite(lr) else None,
+                                              "time/step_s": times[3] - times[0]}])
+                    continue
+            general = True
+            rows.append(r)
             if losses and (len(losses) > 1 or type(losses[0]) is not float):  # a float: read already
                 add(losses[0] if len(losses) == 1 else fold(losses))
-            if r.total is not None:
-                add(r.total)
-            lrs = r.lrs
+            if total is not None:
+                add(total)
             if len(lrs) != 1 or type(lrs[0]) is not float:
                 extend(v for v in lrs if isinstance(v, torch.Tensor))
-            if r.user:
-                extend(v for v in r.user.values() if isinstance(v, torch.Tensor))
+            if user:
+                extend(v for v in user.values() if isinstance(v, torch.Tensor))
+        if not general:
+            return rows, _layer_rows([])
         host = iter(_to_host(scalars))
-        rows, keep = [], []
-        for record in records:
+        out, keep = [], []
+        for record in rows:
+            if type(record) is list:  # a row already
+                out.append(record)
+                continue
             step, wall, losses, total, layers, _, clip_max, lrs, times, samples, ratios, user, opt, _, _ = record
             names = _names(opt, len(lrs))
             values: dict[str, float | None] = {}
@@ -178,12 +197,13 @@ class Recorder:
             if user:
                 for name, value in user.items():
                     values[name] = finite_or_none(next(host) if isinstance(value, torch.Tensor) else float(value))
-            if opt and rows and rows[-1][0] == step:
-                rows[-1][2].update(values)  # another optimizer's step of the same iteration
+            if opt and out and out[-1][0] == step:
+                out[-1][2].update(values)  # another optimizer's step of the same iteration
             else:
-                rows.append([step, wall, values])
+                out.append([step, wall, values])
             if layers is not None and (not finite or ratios is not None or step in wanted):
                 keep.append(record)
+        rows = out
         # The newest step with per-layer norms (under the cost budget, the newest sampled one).
         newest = next((r for r in reversed(records) if r.layers is not None), None)
         if newest is not None and (not keep or keep[-1] is not newest):
