@@ -34,7 +34,9 @@ of this process have been seen.
 **Always kept**, every step: the step count and step time, the loss (a reference, and on
 CPU its pre-update finite check), the LRs, ``ptdash.log`` values, the total norm and
 per-layer norms when the script's clip (or a ``--clip``/live clip) computes them, and the
-commands at the step boundary. ``k`` is at most K_MAX.
+commands at the step boundary (a command that comes in during a lean step that runs without
+the pre-step hook, hooks.py, is applied at the next step's boundary: a step later at most;
+its answer names the step). ``k`` is at most K_MAX.
 """
 
 from __future__ import annotations

@@ -28,7 +28,9 @@ steps the cost budget samples (budget.py: all of them while it can afford it) al
 (shared with the script's own clipping, which makes it free: then it runs every step) and
 the gradients' finite check on CPU. A step the budget does not sample, with nothing at its
 boundary, takes the lean path, for every optimizer (a GAN's two): the pre-step hook checks
-the loss and the post-step hook records (stepend.py). ptdash times its own code here (``_own``,
+the loss and the post-step hook records (stepend.py). After a lean step the pre-step hook
+comes off for the lean steps that follow (``skip_pre_step``): a CPU loss was checked at its
+backward already, and whatever would give the hook work puts it back first. ptdash times its own code here (``_own``,
 ``_extra``) for the budget. Everything else is sampled. Nothing here waits for the device:
 the only ``.item()`` calls read CPU tensors.
 
@@ -148,6 +150,11 @@ class Hooks(StepEnd, InferredSteps):
         lean path (see ``_pre_step``): decided at each main step's end for the steps until the next."""
         self._in_lean: Tracked | None = None
         """The optimizer whose step under way took the lean path."""
+        self._pre_off = False
+        """Whether the pre-step hook is off (``skip_pre_step``)."""
+        self._skipping: dict[int, Tracked] | None = None
+        """Since the pre-step hook went off: the optimizers whose steps are lean without it,
+        until the next main step's end; None once a pre-step hook ran."""
         self.ends_wanted = True
         """Whether a lean step's end calls ``step_end`` (the full path always does): the
         engine says after each call whether it has work at the next ones."""
@@ -207,6 +214,7 @@ class Hooks(StepEnd, InferredSteps):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._pre_off, self._skipping = False, None
         if self._model_hook is not None:
             self._model_hook.remove()
             self._model_hook = None
@@ -289,6 +297,7 @@ class Hooks(StepEnd, InferredSteps):
 
     def _pre_step(self, opt, args, kwargs):
         t_in = _perf_counter()
+        self._skipping = None  # this step has its pre-step hook
         lean = self._lean.get(id(opt)) if self._lean else None
         if (lean is not None and len(args) == 1 and not kwargs and not self.clip_notes.notes
                 and not self.controls.has_work(self.step) and lean.ref() is opt):
@@ -395,6 +404,34 @@ class Hooks(StepEnd, InferredSteps):
             self._before_params = params
             self._before = metrics.snapshot(params)
         self._extra += _perf_counter() - t0
+
+    # ------------------------------------------------------ the pre-step hook off
+
+    def skip_pre_step(self) -> None:
+        """Take the pre-step hook off for the lean steps that follow a lean step (training thread,
+        at a main step's end): on such a step it has nothing to do, and a call is microseconds.
+
+        What it would check is checked where it can change, and each of those puts it back
+        (``pre_step_back``) before the step that needs it: a non-finite CPU loss, a second
+        CPU micro-batch, a scaled loss or anything else that sends a backward down the full
+        path (wrappers.py), a clip call, an optimizer it does not know, a closure (their
+        steps then take the full path); commands, checkpoints and stops are looked at when a
+        main step ends, so one that comes in during a lean step is served a step later.
+        """
+        if self._handles:
+            if not self._pre_off:
+                self._handles[0].remove()
+                self._pre_off = True
+            self._skipping = self._lean
+
+    def pre_step_back(self) -> None:
+        """Put the pre-step hook back (training thread, never inside an optimizer's step hooks):
+        the next step's pre-step hook takes the lean path or the full one, as it decides. A
+        step under way that began without it is still known as one (``_skipping``) when it ends."""
+        if self._pre_off:
+            self._pre_off = False
+            if self._handles:
+                self._handles[0] = register_optimizer_step_pre_hook(self._pre_step)
 
     def _unmetered(self, fn, *args) -> None:
         """Call ``fn`` (which may pause) without counting its time as ptdash's own."""

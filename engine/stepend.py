@@ -45,6 +45,14 @@ class StepEnd:
     def _post_step(self, opt, args, kwargs) -> None:
         """The global optimizer step post-hook, after every optimizer's update."""
         lean = self._in_lean
+        if lean is None and self._skipping is not None:  # a lean step without the pre-step hook
+            lean = self._skipping.get(id(opt))
+            if lean is None or lean.ref() is not opt or len(args) > 1 or kwargs:
+                # An optimizer the lean steps did not expect (a new one), or a closure: the
+                # full path records it (a closure's first loss), and the hook is back.
+                self.pre_step_back()
+                lean = None
+                self._tracked_for(opt).closure_losses = 0 if len(args) > 1 or kwargs else None
         if lean is not None:
             # The end of a lean step (see ``_pre_step``): nothing was sampled, timed or served,
             # so only the record, the counters and the next step's path are left. Written out
@@ -86,6 +94,12 @@ class StepEnd:
                 self._next_step(opt, step)
             elif self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
                 self._ratio_owed = True
+            # A lean step after a lean step: the pre-step hook has nothing to do (hooks.py);
+            # after micro-batches it would check the CPU ones, and be put back at each step.
+            if self._lean and len(losses) < 2 and not self.controls.has_work(step):
+                self.skip_pre_step()
+            else:
+                self.pre_step_back()
             self._own = _perf_counter() - t_record
             return
         tracked = self._tracked.get(id(opt))

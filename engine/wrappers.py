@@ -63,10 +63,15 @@ def wrap_backward(hooks, original):
                     hooks._losses.append(value)
                     if not _isfinite(value):
                         hooks._lean = {}
+                        hooks.pre_step_back()
                 else:
                     _keep(hooks, loss)
+                    if hooks._pre_off and loss.is_cpu:
+                        hooks.pre_step_back()  # the pre-step hook checks it before the update
             hooks._own += _perf_counter() - t_in
             return original(tensors, *args, **kwargs)
+        if hooks._pre_off:
+            hooks.pre_step_back()
         if hooks._t_post is None:
             hooks.began()
         inferred = hooks.main is None and hooks.optimizer_less()
@@ -142,6 +147,8 @@ def wrap_zero_grad(hooks, original):
 
 def _at_clip(hooks, params: list) -> None:
     """A clip call of the main optimizer's parameters is its step's boundary."""
+    if hooks._pre_off:
+        hooks.pre_step_back()  # a clip's norms are recorded by the pre-step hook
     main = hooks.main
     if main is not None and not hooks._at_boundary and main.owns(params):
         hooks.boundary()

@@ -399,3 +399,201 @@ def test_thinned_steps_fetch_batches_through_torchs_own_next_and_the_doctors_ste
         timed = dict(zip(*store.series("time/data_s")))
     assert set(range(2, 30)) <= set(timed)  # the doctor's first steps: every batch timed
     assert timed[watched_late] > 0  # its batch came through ptdash's __next__ again
+
+
+# After a lean step the next lean steps run without the optimizer pre-step hook (hooks.py);
+# what it would have done is done where it can change. These scripts change it mid-run.
+
+
+def _until_skipping(engine, more: int):
+    """0, 1, 2, ...: until lean steps run without the pre-step hook, then ``more`` more."""
+    for i in _until_thinned(engine, 10_000_000):
+        if engine.hooks._pre_off:
+            break
+        assert i < 100_000, "the pre-step hook never went off"
+        yield i
+    yield from range(i, i + more)
+
+
+def test_a_clip_sent_while_the_pre_step_hook_is_off_clips_the_update_of_the_step_it_names(tmp_path):
+    from ptdash.shared.protocol import Command
+
+    run_dir, engine = _thinning_engine(tmp_path, "clip-off")
+    model, opt = _small_model()
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    moved, sent_at = {}, None
+    try:
+        for i in _until_skipping(engine, 12):
+            if sent_at is None and engine.hooks._pre_off:
+                engine.controls.submit(Command(id="c", name="clip", value=1e-3))
+                sent_at = engine.hooks.step
+            before = [p.detach().clone() for p in model.parameters()]
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            moved[engine.hooks.step] = torch.cat([(p - b).reshape(-1) for p, b in zip(model.parameters(), before)])
+    finally:
+        engine.finish("finished", 0)
+    with StoreReader(run_dir / "metrics.db") as store:
+        (ack,) = [e for e in store.events() if e.kind == "command"]
+        first = ack.data["applied_step"] + 1  # applied after that many steps: "from step <first>"
+        steps, maxes = store.series("grad/clip_max")
+        norms = dict(zip(*store.series("grad/norm_total")))
+    assert f"from step {first}" in ack.message
+    assert sent_at + 1 <= first <= sent_at + 2  # the next boundary it reached: a step later at most
+    assert steps == list(range(first, steps[-1] + 1)) and set(maxes) == {1e-3}
+    # SGD without momentum moves by lr x the clipped gradient: clipped from the step named on.
+    assert norms[first] > 0.01
+    assert moved[first].norm().item() == pytest.approx(0.05 * 1e-3, rel=1e-3)
+    assert moved[first - 1].norm().item() > 0.05 * 0.01
+
+
+def test_an_optimizer_made_while_the_pre_step_hook_is_off_has_every_step_recorded(tmp_path):
+    run_dir, engine = _thinning_engine(tmp_path, "new-opt")
+    model, opt = _small_model()
+    head = torch.nn.Linear(4, 1)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    other, first = [], None
+    try:
+        for i in _until_skipping(engine, 100):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            if first is None and engine.hooks._pre_off:
+                head_opt, first = torch.optim.SGD(head.parameters(), lr=0.01), engine.hooks.step
+            if first is not None:
+                head_opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(head(x), y)
+                loss.backward()
+                head_opt.step()
+                other.append(loss.item())
+    finally:
+        engine.finish("finished", 0)
+    with StoreReader(run_dir / "metrics.db") as store:
+        assert store.series("opt1/loss") == (list(range(first, first + len(other))), other)
+
+
+def test_an_lbfgs_that_takes_over_after_lean_steps_records_each_steps_first_evaluation(tmp_path):
+    # The physics-informed networks' recipe: a first optimizer, then LBFGS with a closure,
+    # evaluated several times a step; the first optimizer is let go.
+    run_dir, engine = _thinning_engine(tmp_path, "lbfgs-late")
+    model, opt = _small_model()
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    seen, lbfgs_steps, evaluations = [], 0, 0
+    try:
+        for i in _until_skipping(engine, 30):
+            if not engine.hooks._pre_off and not lbfgs_steps:
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                seen.append(loss.item())
+                continue
+            if not lbfgs_steps:
+                opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4)  # the first one is gone
+            evaluated = []
+
+            def closure():
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                evaluated.append(loss.item())
+                return loss
+
+            opt.step(closure)
+            seen.append(evaluated[0])
+            lbfgs_steps += 1
+            evaluations += len(evaluated)
+    finally:
+        engine.finish("finished", 0)
+    assert lbfgs_steps == 30 and evaluations > 40
+    with StoreReader(run_dir / "metrics.db") as store:
+        assert store.series("loss") == (list(range(1, len(seen) + 1)), seen)
+
+
+def test_a_clip_that_starts_after_lean_steps_is_seen_from_its_first_step(tmp_path):
+    run_dir, engine = _thinning_engine(tmp_path, "late-clip-only")
+    model, opt = _small_model()
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    norms, first = [], None
+    try:
+        for i in _until_skipping(engine, 30):
+            if first is None and engine.hooks._pre_off:
+                first = engine.hooks.step + 1
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            if first is not None:
+                norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0).item())
+            opt.step()
+    finally:
+        engine.finish("finished", 0)
+    with StoreReader(run_dir / "metrics.db") as store:
+        steps, values = store.series("grad/norm_total")
+    late = [(s, v) for s, v in zip(steps, values) if s >= first]
+    assert late == list(zip(range(first, first + len(norms)), norms))
+
+
+def test_a_clip_and_a_scaler_that_start_after_lean_steps_are_seen_from_their_first_step(tmp_path):
+    run_dir, engine = _thinning_engine(tmp_path, "late-clip")
+    model, opt = _small_model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    seen, norms, first = [], [], None
+    try:
+        for i in _until_skipping(engine, 60):
+            if first is None and engine.hooks._pre_off:
+                first = engine.hooks.step + 1
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if first is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0).item())
+                scaler.step(opt)
+                scaler.update()
+            seen.append(loss.item())
+    finally:
+        engine.finish("finished", 0)
+    with StoreReader(run_dir / "metrics.db") as store:
+        assert store.series("loss") == (list(range(1, len(seen) + 1)), seen)  # unscaled, every step
+        steps, values = store.series("grad/norm_total")
+    late = [(s, v) for s, v in zip(steps, values) if s >= first]
+    assert late == list(zip(range(first, first + len(norms)), norms))  # the script's clip: every step
+
+
+@pytest.mark.parametrize("which", ["first", "second"])
+def test_a_nan_micro_batch_while_the_pre_step_hook_is_off_is_caught_before_the_update(tmp_path, which):
+    # One batch a step until the pre-step hook is off, then two micro-batches a step (after
+    # micro-batches the hook stays on), the first step of them with a NaN in one.
+    run_dir, engine = _thinning_engine(tmp_path, "micro-nan", on_anomaly="skip")
+    model, opt = _small_model()
+    x, y = torch.randn(2, 16, 4), torch.randn(2, 16, 1)
+    planted = None
+    try:
+        for i in _until_skipping(engine, 20):
+            opt.zero_grad()
+            halves = [torch.nn.functional.mse_loss(model(x[k]), y[k]) / 2 for k in range(2)]
+            if planted is None and not engine.hooks._pre_off:
+                (halves[0] + halves[1]).backward()  # the same loss, in one backward
+                opt.step()
+                continue
+            if planted is None:
+                assert engine.hooks._lean  # the step is lean, without its pre-step hook
+                k = 0 if which == "first" else 1
+                halves[k], planted = halves[k] * float("nan"), engine.hooks.step + 1
+                before = [p.detach().clone() for p in model.parameters()]
+            for half in halves:
+                half.backward()
+            opt.step()
+            if planted == engine.hooks.step:
+                assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # skipped
+    finally:
+        engine.finish("finished", 0)
+    assert planted is not None and all(torch.isfinite(p).all() for p in model.parameters())
+    with StoreReader(run_dir / "metrics.db") as store:
+        anomalies = [e for e in store.events() if e.kind == "anomaly"]
+    assert [(e.data["step"], "update skipped" in e.message) for e in anomalies] == [(planted, True)], \
+        [e.message for e in anomalies]
