@@ -110,7 +110,7 @@ class Engine:
         self.anomalies.judge_loss = leads  # the loss is the run's: rank 0 judges it once
         self.hooks = Hooks(self.settings, self.controls, self.recorder, self.doctor, self.discovery, self.anomalies,
                            self.user_values, self._first_step, self._discovered, self._step_end, self._no_step,
-                           self._new_optimizer)
+                           self._new_optimizer, self._handed_over)
         self.hooks.budget = self.budget
         self.naming = LayerNaming(self.discovery)
         self._patches = Patches()
@@ -344,6 +344,13 @@ class Engine:
         self.journal.event("run", f"optimizer {index} ({type(opt).__name__}) updates {', '.join(names) or 'no model'}: "
                            f"its series are opt{index}/...", optimizer=index, name=", ".join(names) or None,
                            **{"class": type(opt).__name__})
+
+    def _handed_over(self, opt, old, index: int) -> None:
+        """Another optimizer stepped twice with no step of the main one between: it is the main one now."""
+        was = type(old).__name__ if old is not None else "the first one"
+        self.journal.event("run", f"{type(opt).__name__} is the main optimizer from step {self.hooks.step + 1}: "
+                           f"it stepped twice with no step of {was} between (whose series are opt{index}/... now)",
+                           optimizer=0, step_from=self.hooks.step + 1, **{"class": type(opt).__name__})
 
     def _no_step(self, backwards: int) -> None:
         """Backwards run, and neither an optimizer step nor an update cycle can be seen."""

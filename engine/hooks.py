@@ -15,7 +15,8 @@ undone by ``detach()``:
 
 **The step counter** counts the steps of the main optimizer: the first one that steps
 (a GAN's discriminator, say). Every other optimizer's step is recorded at the main step
-it follows, under ``opt<k>/...`` names (k in the order they first stepped). A script with
+it follows, under ``opt<k>/...`` names (k in the order they first stepped); one that
+steps twice with no main step between is the main one from then on (``hand_over``). A script with
 no optimizer gets its steps inferred (manual.py). Commands take effect at the main
 step's boundary: the first of the main optimizer's own ``clip_grad_norm_`` call and its
 step, so a clip changed "from step N" is the clip step N's update used.
@@ -91,11 +92,12 @@ class Hooks(StepEnd, InferredSteps):
     def __init__(self, settings, controls, recorder, doctor, discovery, anomalies, user_values,
                  first_step: Callable[[], None], discovered: Callable[[Any], None],
                  step_end: Callable[[int], None], no_step: Callable[[int], None] = lambda n: None,
-                 new_optimizer: Callable[[int, Any], None] = lambda index, opt: None) -> None:
+                 new_optimizer: Callable[[int, Any], None] = lambda index, opt: None,
+                 handed_over: Callable[[Any, Any, int], None] = lambda opt, old, index: None) -> None:
         self.settings, self.controls, self.recorder, self.doctor = settings, controls, recorder, doctor
         self.discovery, self.anomalies, self.user_values = discovery, anomalies, user_values
         self._first_step, self._discovered_cb, self._step_end, self._no_step = first_step, discovered, step_end, no_step
-        self._new_optimizer = new_optimizer
+        self._new_optimizer, self._handed_over = new_optimizer, handed_over
         self.loaders = Loaders()
         self.loaders.began = self.began
         self.manual = ManualSteps()
@@ -291,7 +293,21 @@ class Hooks(StepEnd, InferredSteps):
                 tracked = Tracked(opt, 1 + sum(t.index > 0 for t in self._tracked.values()))
                 self._new_optimizer(tracked.index, opt)
             self._tracked[id(opt)] = tracked
+        elif tracked.index and tracked.stepped_at == self.step:
+            self.hand_over(tracked)
         return tracked
+
+    def hand_over(self, tracked: Tracked) -> None:
+        """Another optimizer steps again with no main step since its last: the training has
+        moved on to it (a network's Adam phase, then LBFGS, the first optimizer still
+        referenced), so it is the main one from this step, and the old main takes its index."""
+        old = self.main
+        tracked.index, old.index = 0, tracked.index
+        self.main = tracked
+        self._lean = {}  # decided for the old roles
+        opt = tracked.ref()
+        self.discovery.add(self.discovery.optimizers, opt)
+        self._handed_over(opt, old.ref(), old.index)
 
     # ---------------------------------------------------------------- step hooks
 

@@ -67,6 +67,10 @@ class StepEnd:
             if lean.index:  # another optimizer's step, at the main step it follows
                 self.recorder.add(_record((self.step, time.time(), losses, None, None, None, None, lrs, None,
                                            0, None, None, lean.index, 0.0, 0.0)))
+                if lean.stepped_at == self.step:  # its second since the main's: it is the main one now
+                    self.hand_over(lean)
+                    self.pre_step_back()
+                lean.stepped_at = self.step
                 self._own += _perf_counter() - now
                 return
             step = self.step + 1
@@ -120,6 +124,7 @@ class StepEnd:
         if tracked.index:
             self.recorder.add(StepRecord(self.step, time.time(), losses, total, None, None, clip_max, lrs, None,
                                          0, None, None, tracked.index))
+            tracked.stepped_at = self.step
             self._own += _perf_counter() - now
             return
         self._end_step(opt, losses, total, per_tensor, params, clip_max, lrs, now)

@@ -34,6 +34,9 @@ class Tracked:
         """The clipping norm this step's gradients were clipped at, or None."""
         self.closure_losses: int | None = None
         """With a closure, where its losses start in the step's list; None without one."""
+        self.stepped_at = -1
+        """Another optimizer's: the main step count at its latest step (hooks.py: two steps at
+        the same count hand the main role over to it)."""
         self._saved_lrs: list[tuple[dict, object]] = []
 
     def params(self) -> list[torch.Tensor]:

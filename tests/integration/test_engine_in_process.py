@@ -261,6 +261,7 @@ def test_a_gans_two_optimizers_both_take_the_lean_path_and_keep_every_loss_and_l
             late = [s for s in store.series(name)[0] if s > thinned_at + 1]
             assert 0 < len(late) <= 150 and all((s + shift) % 2 == 0 for s in late), (name, late)
         anomalies = [e for e in store.events() if e.kind == "anomaly"]
+        assert not [e for e in store.events() if "main optimizer" in e.message]  # D stays the main one
     assert anomalies[0].data["step"] == planted + 1 and "update skipped" in anomalies[0].message
 
 
@@ -597,3 +598,84 @@ def test_a_nan_micro_batch_while_the_pre_step_hook_is_off_is_caught_before_the_u
         anomalies = [e for e in store.events() if e.kind == "anomaly"]
     assert [(e.data["step"], "update skipped" in e.message) for e in anomalies] == [(planted, True)], \
         [e.message for e in anomalies]
+
+
+@pytest.mark.parametrize("thinned", [False, True])
+def test_an_optimizer_that_takes_over_while_the_first_is_still_referenced_becomes_the_main_one(tmp_path, thinned):
+    # Physics-informed networks: a first optimizer (Adam, here SGD), then LBFGS with a closure, both kept in variables. The
+    # first LBFGS step follows Adam's last; from its second the steps are LBFGS's.
+    run_dir = rundir.create(tmp_path, "handover")
+    engine = Engine(run_dir, RunConfig(overhead_budget=0.001 if thinned else 1.0))
+    engine.start()
+    model, sgd = _small_model()
+    lbfgs = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=3)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    first_steps = 300 if thinned else 20
+    seen = []
+    try:
+        for i in range(first_steps + 30):
+            if i < first_steps:
+                sgd.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                sgd.step()
+                seen.append(loss.item())
+                continue
+            evaluated = []
+
+            def closure():
+                lbfgs.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                evaluated.append(loss.item())
+                return loss
+
+            lbfgs.step(closure)
+            seen.append(evaluated[0])
+        assert engine.hooks.step == len(seen) - 1
+        assert engine.hooks.main.ref() is lbfgs
+    finally:
+        engine.finish("finished", 0)
+    with StoreReader(run_dir / "metrics.db") as store:
+        first_lbfgs = seen.pop(first_steps)
+        assert store.series("loss") == (list(range(1, len(seen) + 1)), seen)
+        assert store.series("opt1/loss") == ([first_steps], [first_lbfgs])
+        assert store.series("opt/lr/group0")[1][-1] == 0.1
+        (event,) = [e for e in store.events() if "main optimizer" in e.message]
+    assert f"LBFGS is the main optimizer from step {first_steps + 1}" in event.message and "SGD" in event.message
+
+
+def test_the_second_optimizer_of_thinned_steps_becomes_the_main_one_when_the_first_stops(tmp_path):
+    # Two optimizers a step (lean, thinned), then only the second (a phase that trains the head alone).
+    run_dir, engine = _thinning_engine(tmp_path, "second-alone")
+    model, body_opt = _small_model()
+    head = torch.nn.Linear(1, 1)
+    head_opt = torch.optim.SGD(head.parameters(), lr=0.01)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    both, alone, head_losses, off_at = 0, 0, [], None
+    try:
+        for i in _until_skipping(engine, 200):
+            if off_at is None and engine.hooks._pre_off:
+                off_at = i
+            if off_at is None or i < off_at + 100:  # the head alone for the last 100
+                body_opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                body_opt.step()
+                both += 1
+            else:
+                alone += 1
+            head_opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(head(model(x).detach()), y)
+            loss.backward()
+            head_opt.step()
+            head_losses.append(loss.item())
+        assert engine.hooks.main.ref() is head_opt and alone == 100
+    finally:
+        engine.finish("finished", 0)
+    with StoreReader(run_dir / "metrics.db") as store:
+        steps, losses = store.series("loss")
+        (event,) = [e for e in store.events() if "main optimizer" in e.message]
+    # The head's steps alone are the run's steps from the second of them: one step each.
+    assert steps == list(range(1, both + alone))
+    assert losses[both:] == head_losses[both + 1:]
+    assert f"from step {both + 1}" in event.message
