@@ -474,6 +474,30 @@ def test_an_optimizer_made_while_the_pre_step_hook_is_off_has_every_step_recorde
         assert store.series("opt1/loss") == (list(range(first, first + len(other))), other)
 
 
+def _plain_step(opt, model, x, y) -> float:
+    """One step on an MSE loss; its loss."""
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def _closure_step(opt, model, x, y) -> list[float]:
+    """``opt.step(closure)`` on an MSE loss; the loss of each evaluation, in order."""
+    evaluated = []
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        evaluated.append(loss.item())
+        return loss
+
+    opt.step(closure)
+    return evaluated
+
+
 def test_an_lbfgs_that_takes_over_after_lean_steps_records_each_steps_first_evaluation(tmp_path):
     # The physics-informed networks' recipe: a first optimizer, then LBFGS with a closure,
     # evaluated several times a step; the first optimizer is let go.
@@ -484,24 +508,11 @@ def test_an_lbfgs_that_takes_over_after_lean_steps_records_each_steps_first_eval
     try:
         for i in _until_skipping(engine, 30):
             if not engine.hooks._pre_off and not lbfgs_steps:
-                opt.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                opt.step()
-                seen.append(loss.item())
+                seen.append(_plain_step(opt, model, x, y))
                 continue
             if not lbfgs_steps:
                 opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=4)  # the first one is gone
-            evaluated = []
-
-            def closure():
-                opt.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                evaluated.append(loss.item())
-                return loss
-
-            opt.step(closure)
+            evaluated = _closure_step(opt, model, x, y)
             seen.append(evaluated[0])
             lbfgs_steps += 1
             evaluations += len(evaluated)
@@ -615,23 +626,9 @@ def test_an_optimizer_that_takes_over_while_the_first_is_still_referenced_become
     try:
         for i in range(first_steps + 30):
             if i < first_steps:
-                sgd.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                sgd.step()
-                seen.append(loss.item())
+                seen.append(_plain_step(sgd, model, x, y))
                 continue
-            evaluated = []
-
-            def closure():
-                lbfgs.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                evaluated.append(loss.item())
-                return loss
-
-            lbfgs.step(closure)
-            seen.append(evaluated[0])
+            seen.append(_closure_step(lbfgs, model, x, y)[0])
         assert engine.hooks.step == len(seen) - 1
         assert engine.hooks.main.ref() is lbfgs
     finally:
