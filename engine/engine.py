@@ -50,6 +50,7 @@ from .shared.limits import check_setting
 from .shared.protocol import Event, LayerNames, Metrics, Samples, Schedule, Status, Welcome, from_dict
 from .shared.store import STORE_NAME, StoreWriter
 from .shared.transport import Server
+from .tracked import HANDOVER_STEPS
 
 log = logging.getLogger("ptdash.engine")
 
@@ -346,10 +347,12 @@ class Engine:
                            **{"class": type(opt).__name__})
 
     def _handed_over(self, opt, old, index: int) -> None:
-        """Another optimizer stepped twice with no step of the main one between: it is the main one now."""
+        """Another optimizer stepped several times in a row with no step of the main one between:
+        it is the main one now."""
         was = type(old).__name__ if old is not None else "the first one"
         self.journal.event("run", f"{type(opt).__name__} is the main optimizer from step {self.hooks.step + 1}: "
-                           f"it stepped twice with no step of {was} between (whose series are opt{index}/... now)",
+                           f"it stepped {HANDOVER_STEPS} times with no step of {was} between "
+                           f"(whose series are opt{index}/... now)",
                            optimizer=0, step_from=self.hooks.step + 1, **{"class": type(opt).__name__})
 
     def _no_step(self, backwards: int) -> None:

@@ -16,7 +16,8 @@ undone by ``detach()``:
 **The step counter** counts the steps of the main optimizer: the first one that steps
 (a GAN's discriminator, say). Every other optimizer's step is recorded at the main step
 it follows, under ``opt<k>/...`` names (k in the order they first stepped); one that
-steps twice with no main step between is the main one from then on (``hand_over``). A script with
+steps HANDOVER_STEPS times in a row with no main step between is the main one from then on
+(``hand_over``). A script with
 no optimizer gets its steps inferred (manual.py). Commands take effect at the main
 step's boundary: the first of the main optimizer's own ``clip_grad_norm_`` call and its
 step, so a clip changed "from step N" is the clip step N's update used.
@@ -58,7 +59,7 @@ from .loaders import Loaders
 from .manual import InferredSteps, ManualSteps
 from .patching import Patches
 from .stepend import StepEnd
-from .tracked import ClipNotes, Tracked
+from .tracked import HANDOVER_STEPS, ClipNotes, Tracked
 
 _perf_counter = time.perf_counter
 _isfinite = math.isfinite
@@ -293,14 +294,15 @@ class Hooks(StepEnd, InferredSteps):
                 tracked = Tracked(opt, 1 + sum(t.index > 0 for t in self._tracked.values()))
                 self._new_optimizer(tracked.index, opt)
             self._tracked[id(opt)] = tracked
-        elif tracked.index and tracked.stepped_at == self.step:
+        elif tracked.index and tracked.stepped_at == self.step and tracked.alone >= HANDOVER_STEPS - 1:
             self.hand_over(tracked)
         return tracked
 
     def hand_over(self, tracked: Tracked) -> None:
-        """Another optimizer steps again with no main step since its last: the training has
-        moved on to it (a network's Adam phase, then LBFGS, the first optimizer still
-        referenced), so it is the main one from this step, and the old main takes its index."""
+        """Another optimizer steps for the HANDOVER_STEPS-th time in a row with no main step
+        between: the training has moved on to it (a network's Adam phase, then LBFGS, the first
+        optimizer still referenced), so it is the main one from this step (the steps before
+        it were kept at the main step they followed), and the old main takes its index."""
         old = self.main
         tracked.index, old.index = 0, tracked.index
         self.main = tracked

@@ -25,6 +25,7 @@ import torch
 from . import metrics
 from .discovery import find_models
 from .recorder import StepRecord
+from .tracked import HANDOVER_STEPS
 
 _LR = operator.itemgetter("lr")
 _record = functools.partial(tuple.__new__, StepRecord)
@@ -67,10 +68,9 @@ class StepEnd:
             if lean.index:  # another optimizer's step, at the main step it follows
                 self.recorder.add(_record((self.step, time.time(), losses, None, None, None, None, lrs, None,
                                            0, None, None, lean.index, 0.0, 0.0)))
-                if lean.stepped_at == self.step:  # its second since the main's: it is the main one now
+                if lean.stepped_alone(self.step) >= HANDOVER_STEPS:  # it is the main one from its next step
                     self.hand_over(lean)
                     self.pre_step_back()
-                lean.stepped_at = self.step
                 self._own += _perf_counter() - now
                 return
             step = self.step + 1
@@ -124,7 +124,7 @@ class StepEnd:
         if tracked.index:
             self.recorder.add(StepRecord(self.step, time.time(), losses, total, None, None, clip_max, lrs, None,
                                          0, None, None, tracked.index))
-            tracked.stepped_at = self.step
+            tracked.stepped_alone(self.step)
             self._own += _perf_counter() - now
             return
         self._end_step(opt, losses, total, per_tensor, params, clip_max, lrs, now)

@@ -14,6 +14,12 @@ from . import metrics
 _GRAD = operator.attrgetter("grad")
 _IS_SET = functools.partial(operator.is_not, None)
 
+HANDOVER_STEPS = 5
+"""Steps in a row of another optimizer, with no step of the main one between, that make it
+the main one (hooks.py, ``Hooks.hand_over``): its step after the main one's last, and four
+more. A GAN's discriminator whose GradScaler skips up to three steps in a row (overflows)
+stays the main one."""
+
 
 class Tracked:
     """An optimizer that has stepped; ``index`` 0 is the main one, then in order of first step."""
@@ -35,9 +41,17 @@ class Tracked:
         self.closure_losses: int | None = None
         """With a closure, where its losses start in the step's list; None without one."""
         self.stepped_at = -1
-        """Another optimizer's: the main step count at its latest step (hooks.py: two steps at
-        the same count hand the main role over to it)."""
+        """Another optimizer's: the main step count at its latest step."""
+        self.alone = 0
+        """Another optimizer's: its steps in a row at that count, with no main step between
+        (hooks.py: HANDOVER_STEPS of them hand the main role over to it)."""
         self._saved_lrs: list[tuple[dict, object]] = []
+
+    def stepped_alone(self, count: int) -> int:
+        """Another optimizer stepped at main step count ``count``: its steps in a row there."""
+        self.alone = self.alone + 1 if self.stepped_at == count else 1
+        self.stepped_at = count
+        return self.alone
 
     def params(self) -> list[torch.Tensor]:
         opt = self.ref()

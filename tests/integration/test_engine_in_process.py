@@ -9,6 +9,7 @@ from ptdash.engine import Engine
 from ptdash.shared import rundir
 from ptdash.shared.config import RunConfig
 from ptdash.shared.reader import StoreReader
+from ptdash.tracked import HANDOVER_STEPS
 
 
 def _train(steps: int) -> None:
@@ -613,8 +614,8 @@ def test_a_nan_micro_batch_while_the_pre_step_hook_is_off_is_caught_before_the_u
 
 @pytest.mark.parametrize("thinned", [False, True])
 def test_an_optimizer_that_takes_over_while_the_first_is_still_referenced_becomes_the_main_one(tmp_path, thinned):
-    # Physics-informed networks: a first optimizer (Adam, here SGD), then LBFGS with a closure, both kept in variables. The
-    # first LBFGS step follows Adam's last; from its second the steps are LBFGS's.
+    # Physics-informed networks: a first optimizer (Adam, here SGD), then LBFGS with a closure,
+    # both kept in variables. From its HANDOVER_STEPS-th step in a row the steps are LBFGS's.
     run_dir = rundir.create(tmp_path, "handover")
     engine = Engine(run_dir, RunConfig(overhead_budget=0.001 if thinned else 1.0))
     engine.start()
@@ -629,14 +630,17 @@ def test_an_optimizer_that_takes_over_while_the_first_is_still_referenced_become
                 seen.append(_plain_step(sgd, model, x, y))
                 continue
             seen.append(_closure_step(lbfgs, model, x, y)[0])
-        assert engine.hooks.step == len(seen) - 1
+        assert engine.hooks.step == len(seen) - (HANDOVER_STEPS - 1)
         assert engine.hooks.main.ref() is lbfgs
     finally:
         engine.finish("finished", 0)
     with StoreReader(run_dir / "metrics.db") as store:
-        first_lbfgs = seen.pop(first_steps)
+        # The first LBFGS steps before the handover are kept at the step they followed (the
+        # newest of them), as opt1; the main steps go on from the next.
+        kept_as_other = seen[first_steps:first_steps + HANDOVER_STEPS - 1]
+        del seen[first_steps:first_steps + HANDOVER_STEPS - 1]
         assert store.series("loss") == (list(range(1, len(seen) + 1)), seen)
-        assert store.series("opt1/loss") == ([first_steps], [first_lbfgs])
+        assert store.series("opt1/loss") == ([first_steps], kept_as_other[-1:])
         assert store.series("opt/lr/group0")[1][-1] == 0.1
         (event,) = [e for e in store.events() if "main optimizer" in e.message]
     assert f"LBFGS is the main optimizer from step {first_steps + 1}" in event.message and "SGD" in event.message
@@ -672,7 +676,33 @@ def test_the_second_optimizer_of_thinned_steps_becomes_the_main_one_when_the_fir
     with StoreReader(run_dir / "metrics.db") as store:
         steps, losses = store.series("loss")
         (event,) = [e for e in store.events() if "main optimizer" in e.message]
-    # The head's steps alone are the run's steps from the second of them: one step each.
-    assert steps == list(range(1, both + alone))
-    assert losses[both:] == head_losses[both + 1:]
+    # The head's steps alone are the run's steps from the HANDOVER_STEPS-th of them.
+    assert steps == list(range(1, both + alone - HANDOVER_STEPS + 2))
+    assert losses[both:] == head_losses[both + HANDOVER_STEPS - 1:]
     assert f"from step {both + 1}" in event.message
+
+
+def test_a_discriminator_whose_steps_are_skipped_a_few_times_stays_the_main_one(tmp_path):
+    # GradScaler skips a step whose gradients overflowed: the discriminator's step is not
+    # called for a few iterations while the generator's is. Nothing is handed over.
+    run_dir, engine = _thinning_engine(tmp_path, "d-skips")
+    disc, opt_d = _small_model()
+    gen = torch.nn.Linear(4, 4)
+    opt_g = torch.optim.SGD(gen.parameters(), lr=0.01)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    d_steps = 0
+    try:
+        for i in range(400):
+            # Skipped for HANDOVER_STEPS - 2 iterations in 50: with the generator's step after
+            # the discriminator's last, HANDOVER_STEPS - 1 of the generator's in a row.
+            if not 10 <= i % 50 < 10 + HANDOVER_STEPS - 2:
+                d_steps += 1
+                _plain_step(opt_d, disc, x, y)
+            opt_g.zero_grad()
+            torch.nn.functional.mse_loss(disc(gen(x)), y).backward()
+            opt_g.step()
+        assert engine.hooks.main.ref() is opt_d and engine.hooks.step == d_steps
+    finally:
+        engine.finish("finished", 0)
+    with StoreReader(run_dir / "metrics.db") as store:
+        assert not [e for e in store.events() if "main optimizer" in e.message]
