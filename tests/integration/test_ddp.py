@@ -17,12 +17,12 @@ pytestmark = pytest.mark.slow
 
 
 class DdpRun(Run):
-    def __init__(self, tmp_path, *args, env=None):
+    def __init__(self, tmp_path, *args, env=None, options=()):
         self.cwd = tmp_path
         if env:
             ENV.update(env)
         try:
-            super().__init__(tmp_path, DDP, *args, options=("--nproc-per-node", "2"))
+            super().__init__(tmp_path, DDP, *args, options=("--nproc-per-node", "2", *options))
         finally:
             for k in env or {}:
                 ENV.pop(k)
@@ -81,6 +81,28 @@ def test_a_long_pause_then_checkpoint_and_stop_reach_both_ranks(tmp_path):
             channel = [e for e in s.events() if e.message.startswith("rank channel:")]
         assert channel and channel[0].data["exchanges"] > 0
         print(channel[0].message)
+    finally:
+        run.close()
+
+
+def test_a_clip_sent_while_both_ranks_are_thinned_takes_effect_at_the_same_step_on_each(tmp_path):
+    # Fast steps and a budget none can meet: past their learning steps both ranks run lean
+    # steps without the pre-step hook; the command still reaches both at one boundary.
+    run = DdpRun(tmp_path, "--sleep", "0", options=("--overhead-budget", "0.001"))
+    try:
+        wait_for(lambda: run.rank_step(0) >= 400 and run.rank_step(1) >= 400, 120, what="both ranks past 400")
+        ack = run.send("clip", 0.5)
+        assert ack.ok and f"from step {ack.step + 1}" in ack.message
+        wait_for(lambda: min(run.rank_step(0), run.rank_step(1)) >= ack.step + 20, 60, what="20 steps more")
+        assert run.send("stop").ok
+        assert run.wait(90) == 0
+        with run.store() as s:
+            firsts = [s.series("grad/clip_max", rank=r)[0][:1] for r in (0, 1)]
+            sampling = [e for e in s.events() if e.kind == "sampling"]
+        assert firsts == [[ack.step + 1], [ack.step + 1]]
+        assert {e.rank for e in sampling} == {0, 1}  # both ranks were thinned
+        p0, p1 = (torch.load(tmp_path / f"params-{r}.pt") for r in (0, 1))
+        assert all(torch.equal(p0[k], p1[k]) for k in p0)  # the ranks stayed in step
     finally:
         run.close()
 
