@@ -140,14 +140,16 @@ class Recorder:
         add, extend = scalars.append, scalars.extend
         rows: list = []
         general = False
+        main = _names(0, 1)
+        loss_name, lr_name = main.loss, main.lrs[0]
         for r in records:
             step, wall, losses, total, _, _, _, lrs, times, _, _, user, opt, _, _ = r
             if (total is None and user is None and not opt and times is not None and times[4] is None
                     and times[1] is None and len(losses) == 1 and len(lrs) == 1):
                 loss, lr = losses[0], lrs[0]
                 if type(loss) is float and type(lr) is float:
-                    rows.append([step, wall, {"loss": loss if _isfinite(loss) else None,
-                                              "opt/lr/group0": lr if _isfinite(lr) else None,
+                    rows.append([step, wall, {loss_name: loss if _isfinite(loss) else None,
+                                              lr_name: lr if _isfinite(lr) else None,
                                               "time/step_s": times[3] - times[0]}])
                     continue
             general = True
