@@ -16,15 +16,28 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
 import torch.distributed as dist
 
-from .link import Link, LinkError
+from .link import HubNotListening, Link, LinkError
 from .shared.protocol import Command, Message, to_dict
 
 log = logging.getLogger("ptdash.distributed")
+
+HUB_WAIT_SECONDS = 120.0
+"""How long a rank keeps trying to reach a hub that does not listen yet. Under torchrun every
+rank's engine starts at once and rank 0's (the hub) may open its socket after the others try:
+they wait for it instead of training without ptdash."""
+
+SETUP_WAIT_SECONDS = 30.0
+"""How long the first step waits for the rank link still being made. The hub listens by then
+(rank 0's engine starts before its script, and a step follows collectives with rank 0), so
+only a hub that is gone makes it wait this long."""
+
+_RETRY_SECONDS = 0.05
 
 
 def env_rank() -> tuple[int, int, int]:
@@ -52,6 +65,9 @@ class Distributed:
         self.hub = hub
         self._link_path, self._token = link_path, token
         self.link: Link | None = None
+        self._connecting: threading.Thread | None = None
+        self._link_error: LinkError | None = None
+        self._closing = False
         self.channel = False
         """Whether this rank takes part in command exchanges."""
         self.missing: list[int] = []
@@ -78,16 +94,42 @@ class Distributed:
             self.local_rank = int(os.environ.get("LOCAL_RANK", self.local_rank))
 
     def connect(self) -> None:
-        """A rank in another process than the hub: register over the rank link."""
-        if self.hub is not None or self.link is not None or self._link_path is None:
+        """A rank in another process than the hub: register over the rank link, from a thread of
+        its own that waits for a hub not listening yet (``HUB_WAIT_SECONDS``); the script starts
+        meanwhile, and ``setup`` waits for the link at the first step."""
+        if self.hub is not None or self._connecting is not None or self._link_path is None:
             return
         self.identify()
-        try:
-            self.link = Link(self._link_path, self._token, self.rank, self.world_size)
-        except LinkError as exc:
+        self._connecting = threading.Thread(target=self._connect, name="ptdash-link-connect", daemon=True)
+        self._connecting.start()
+
+    def _connect(self) -> None:
+        deadline = time.monotonic() + HUB_WAIT_SECONDS
+        while not self._closing:
+            try:
+                self.link = Link(self._link_path, self._token, self.rank, self.world_size)
+                return
+            except HubNotListening as exc:
+                if time.monotonic() > deadline:
+                    self._link_error = exc
+                    return
+            except LinkError as exc:  # the hub refused this rank: trying again changes nothing
+                self._link_error = exc
+                return
+            time.sleep(_RETRY_SECONDS)
+
+    def wait_link(self) -> bool:
+        """Whether the rank link is up, once its connection is made or has failed (training thread)."""
+        if self._connecting is None:
+            self.connect()
+        self._connecting.join(SETUP_WAIT_SECONDS)
+        if self.link is None:
             # Another host, or a hub that is gone: train on, without reporting.
+            exc = self._link_error or LinkError(f"no answer from the ptdash hub at {self._link_path} "
+                                                f"in {SETUP_WAIT_SECONDS:.0f} s")
             log.warning("%s", exc)
             print(f"ptdash: rank {self.rank} runs without ptdash: {exc}", flush=True)
+        return self.link is not None
 
     def setup(self) -> bool:
         """At the first step (every rank): join the command exchange if the hub says all ranks can.
@@ -105,8 +147,7 @@ class Distributed:
                 return False
             self.channel, self.missing = self.hub.channel(self.rank)
         else:
-            self.connect()
-            if self.link is None:
+            if self._link_path is None or not self.wait_link():
                 return False
             try:
                 answer = self.link.request({"channel": True})
@@ -167,6 +208,9 @@ class Distributed:
             self.link.post({"publish": to_dict(msg)})
 
     def close(self) -> None:
+        self._closing = True
+        if self._connecting is not None:
+            self._connecting.join(1.0)
         if self.link is not None:
             self.link.post({"bye": True})
             self.link.close()

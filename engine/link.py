@@ -40,6 +40,10 @@ class LinkError(ConnectionError):
     """The hub cannot be reached or refused this rank; the message says why."""
 
 
+class HubNotListening(LinkError):
+    """Nothing listens at the hub's socket (yet): the hub's engine may still be starting."""
+
+
 def socket_path(control_socket: str | Path) -> Path:
     """The hub's rank socket, next to the run's control socket in the private directory."""
     path = Path(control_socket)
@@ -87,6 +91,9 @@ def connect(path: Path, token: str, rank: int, world: int, role: str, timeout: f
         sock.connect(str(path))
         send(sock, {"hello": role, "token": token, "rank": rank, "world": world})
         answer = recv(sock)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:  # from connect: no socket, or no listener
+        sock.close()
+        raise HubNotListening(f"cannot reach the ptdash hub at {path}: {exc}") from None
     except (OSError, ValueError) as exc:
         sock.close()
         raise LinkError(f"cannot reach the ptdash hub at {path}: {exc}") from None

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ptdash import hub as hub_module
+from ptdash.distributed import Distributed
 from ptdash.hub import Hub, spacing_steps
 from ptdash.link import Link, LinkError
 from ptdash.shared.protocol import Command
@@ -34,8 +35,8 @@ class Inbox:
         return out
 
 
-@pytest.fixture
-def hub():
+def _new_hub() -> Hub:
+    """A hub in a private folder of its own, not listening yet."""
     folder = Path(tempfile.mkdtemp(prefix="ptd-hub-"))
     os.chmod(folder, 0o700)
     inbox = Inbox()
@@ -43,6 +44,12 @@ def hub():
             lambda rank, payload: inbox.data.append((rank, payload)), lambda rank, msg: None,
             lambda kind, message, **data: inbox.events.append((kind, message)))
     h.inbox = inbox
+    return h
+
+
+@pytest.fixture
+def hub():
+    h = _new_hub()
     h.start()
     yield h
     h.stop()
@@ -191,3 +198,37 @@ def test_flushes_arrive_in_order_and_the_socket_is_private(hub):
         threading.Event().wait(0.01)
     assert [payload["rows"][0][0] for rank, payload in hub.inbox.data] == list(range(50))
     assert {rank for rank, _ in hub.inbox.data} == {1}
+
+
+def test_a_rank_whose_engine_starts_before_the_hub_listens_waits_for_it(monkeypatch, capsys):
+    # Under torchrun every rank's engine starts at once; rank 0's opens the hub's socket, maybe
+    # after rank 1 first tries it. Here the hub starts strictly after the rank asked.
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    h = _new_hub()
+    rank = Distributed(link_path=h.path, token=TOKEN)
+    try:
+        rank.connect()
+        assert not h.path.exists()
+        h.start()
+        assert rank.wait_link()
+        assert sorted(h.rank_pids()) == [1]
+        assert "without ptdash" not in capsys.readouterr().out
+    finally:
+        rank.close()
+        h.stop()
+
+
+def test_a_rank_the_hub_refuses_says_so_once_at_its_first_step_and_trains_on(hub, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    rank = Distributed(link_path=hub.path, token="x" * 64)
+    try:
+        rank.connect()
+        assert capsys.readouterr().out == ""  # nothing said while the script starts
+        assert not rank.wait_link()
+        out = capsys.readouterr().out
+        assert out.count("rank 1 runs without ptdash") == 1 and "wrong token" in out
+        assert hub.rank_pids() == {}
+    finally:
+        rank.close()
