@@ -19,6 +19,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
+from .shared.names import GRAD_NORM, LOSS
 from .shared.numbers import ema
 from .shared.protocol import Command
 
@@ -134,8 +135,8 @@ class Anomalies:
         """
         events = []
         for step, _wall, values in rows:
-            nonfinite = ("loss" in values and values["loss"] is None) or (
-                "grad/norm_total" in values and values["grad/norm_total"] is None)
+            nonfinite = (LOSS in values and values[LOSS] is None) or (
+                GRAD_NORM in values and values[GRAD_NORM] is None)
             if nonfinite and step not in self._handled:
                 if self.action == "pause":
                     if not self._is_paused():  # paused, or a pause already asked for
@@ -145,7 +146,7 @@ class Anomalies:
                 elif not self._nonfinite_reported:
                     self._nonfinite_reported = True
                     events.append(("anomaly", f"non-finite loss or gradient at step {step}", {"step": step}))
-            loss = values.get("loss")
+            loss = values.get(LOSS)
             if loss is not None and self.judge_loss:
                 spike = self._spike(step, loss)
                 if spike is not None:

@@ -46,6 +46,8 @@ import statistics
 import threading
 import time
 
+from .shared import names
+
 K_MAX = 256
 """The sparsest sampling: one step in this many."""
 LEARN_STEPS = 64
@@ -187,8 +189,8 @@ class Budget:
         step_pct = 100.0 * self._own / self._time if self._counted and self._time > 0 else None
         self._own = self._time = 0.0
         self._counted = 0
-        self.last = {"ptdash/step_pct": step_pct,
-                     "ptdash/threads_pct": 100.0 * cpu / elapsed if elapsed > 0 else None,
-                     "ptdash/layers_every": float(self.every), "ptdash/doctor_every": float(self.doctor_every),
-                     "ptdash/budget_pct": self.percent}
+        self.last = {names.STEP_PCT: step_pct,
+                     names.THREADS_PCT: 100.0 * cpu / elapsed if elapsed > 0 else None,
+                     names.LAYERS_EVERY: float(self.every), names.DOCTOR_EVERY: float(self.doctor_every),
+                     names.BUDGET_PCT: self.percent}
         return self.last

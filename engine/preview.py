@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import schedule
+from .shared.names import MAIN_LR_PREFIX
 from .shared.protocol import Schedule
 
 log = logging.getLogger("ptdash.preview")
@@ -45,7 +46,7 @@ FAILURES = 3
 BY_HAND = "set by hand"
 """The note of a schedule the script sets itself (no scheduler, or not the scheduler's values)."""
 
-_LR = "opt/lr/group"
+_LR = MAIN_LR_PREFIX
 """The main optimizer's per-group LRs in a step row: ``opt/lr/group<i>``."""
 _LR_NAMES = tuple(f"{_LR}{i}" for i in range(64))
 """The first param groups' LR names, looked up by name (a row's values are not scanned for them;

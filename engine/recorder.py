@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 import torch
 
 from .metrics import fold
+from .shared import names
+from .shared.names import STEP_S
 from .shared.numbers import finite_or_none
 
 _isfinite = math.isfinite
@@ -80,7 +82,7 @@ class UserValues:
     def log(self, values: dict) -> None:
         with self._lock:
             for name, value in values.items():
-                self.pending[f"user/{name}"] = value
+                self.pending[names.user(name)] = value
 
     def take(self) -> dict:
         """The values since the previous step (tensors stay on their device)."""
@@ -150,7 +152,7 @@ class Recorder:
                 if type(loss) is float and type(lr) is float:
                     rows.append([step, wall, {loss_name: loss if _isfinite(loss) else None,
                                               lr_name: lr if _isfinite(lr) else None,
-                                              "time/step_s": times[3] - times[0]}])
+                                              STEP_S: times[3] - times[0]}])
                     continue
             general = True
             rows.append(r)
@@ -171,29 +173,29 @@ class Recorder:
                 out.append(record)
                 continue
             step, wall, losses, total, layers, _, clip_max, lrs, times, samples, ratios, user, opt, _, _ = record
-            names = _names(opt, len(lrs))
+            series = _names(opt, len(lrs))
             values: dict[str, float | None] = {}
             finite = True
             if losses:
                 loss = losses[0] if len(losses) == 1 and type(losses[0]) is float else next(host)
-                values[names.loss] = loss = loss if _isfinite(loss) else None
+                values[series.loss] = loss = loss if _isfinite(loss) else None
                 if len(losses) > 1:
-                    values[names.micro_batches] = float(len(losses))
+                    values[series.micro_batches] = float(len(losses))
                 finite = loss is not None
             if total is not None:
                 norm = next(host)
-                values[names.norm_total] = norm = norm if _isfinite(norm) else None
+                values[series.norm_total] = norm = norm if _isfinite(norm) else None
                 finite = finite and norm is not None
                 if clip_max is not None:
-                    values[names.clip_max] = clip_max
-                    values[names.clipped] = None if norm is None else float(norm > clip_max)
-            for name, lr in zip(names.lrs, lrs):
+                    values[series.clip_max] = clip_max
+                    values[series.clipped] = None if norm is None else float(norm > clip_max)
+            for name, lr in zip(series.lrs, lrs):
                 if type(lr) is not float:
                     lr = next(host) if isinstance(lr, torch.Tensor) else float(lr)
                 values[name] = lr if _isfinite(lr) else None
             if times is not None:
                 if times[4] is None and times[1] is None:  # nothing timed inside the step
-                    values["time/step_s"] = times[3] - times[0]
+                    values[STEP_S] = times[3] - times[0]
                 else:
                     values.update(step_times(times, samples))
             if user:
@@ -227,11 +229,9 @@ class _Names(NamedTuple):
 
 @functools.lru_cache(maxsize=256)
 def _names(opt: int, groups: int) -> _Names:
-    prefix = f"opt{opt}/" if opt else ""
-    lr_prefix = prefix or "opt/"
-    return _Names(f"{prefix}loss", f"{prefix}loss/micro_batches", f"{prefix}grad/norm_total",
-                  f"{prefix}grad/clip_max", f"{prefix}grad/clipped",
-                  tuple(f"{lr_prefix}lr/group{i}" for i in range(groups)))
+    named = functools.partial(names.of_optimizer, opt)
+    return _Names(named(names.LOSS), named(names.MICRO_BATCHES), named(names.GRAD_NORM), named(names.CLIP_MAX),
+                  named(names.CLIPPED), tuple(names.lr(opt, group) for group in range(groups)))
 
 
 def step_times(times: tuple, samples: int) -> dict[str, float]:
@@ -245,12 +245,12 @@ def step_times(times: tuple, samples: int) -> dict[str, float]:
     """
     start, forward, pre, end, waits, inner = times
     step_s = end - start
-    out = {"time/step_s": step_s}
+    out = {STEP_S: step_s}
     if waits is None:
         return out
     data_before = sum(t1 - t0 for t0, t1, _ in waits if forward is None or t1 <= forward)
     data = data_before + sum(t1 - t0 for t0, t1, _ in waits if forward is not None and t1 > forward)
-    out["time/data_s"] = data
+    out[names.DATA_S] = data
     if pre is not None:
         optim = max(0.0, end - pre - inner)
         if forward is not None:
@@ -259,14 +259,14 @@ def step_times(times: tuple, samples: int) -> dict[str, float]:
             compute = inner
         else:  # no training forward seen (the model is found after step 1): no honest split
             return out
-        out["time/compute_s"], out["time/optim_s"] = compute, optim
-        out["time/other_s"] = max(0.0, step_s - data - compute - optim)
+        out[names.COMPUTE_S], out[names.OPTIM_S] = compute, optim
+        out[names.OTHER_S] = max(0.0, step_s - data - compute - optim)
     elif forward is not None:  # an inferred step: no update boundary is seen
-        out["time/compute_s"] = compute = max(0.0, end - forward - (data - data_before))
-        out["time/other_s"] = max(0.0, step_s - data - compute)
+        out[names.COMPUTE_S] = compute = max(0.0, end - forward - (data - data_before))
+        out[names.OTHER_S] = max(0.0, step_s - data - compute)
     counted = sum(s for _, _, s in waits) or samples
     if counted:
-        out["throughput/samples_per_s"] = counted / max(step_s, 1e-9)
+        out[names.SAMPLES_PER_S] = counted / max(step_s, 1e-9)
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from textual.widgets import TabbedContent
 
+from ptdash.shared import names
 from ptdash.shared.limits import BOUNDS
 from ptdash.shared.protocol import Ack, Command
 
@@ -89,7 +90,7 @@ class CommandActions:
         status = self.state.status
         clip = status.clip if status is not None else None
         # With no override, a big change is judged against the script's own clip norm.
-        script = self.state.series.get("grad/clip_max")
+        script = self.state.series.get(names.CLIP_MAX)
         dialog = ValueDialog(
             "Gradient clip norm", "clip",
             f"Largest total grad norm from the next step on ({BOUNDS['clip'].text}); \"off\" gives "

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
+from ptdash.shared import names
 from ptdash.shared.config import RunInfo
 from ptdash.shared.numbers import ema_series
 from ptdash.shared.protocol import ENDED
@@ -30,7 +31,6 @@ from .fmt import fmt_duration, fmt_si
 from .series import Series
 from .source import read_run_info
 from .source.history import HISTORY_POINTS
-from .tabs.overview import lr_names
 from .view import ChartView
 
 if TYPE_CHECKING:
@@ -63,8 +63,7 @@ def load_reference(path: Path) -> Reference:
     except StoreError:
         return ref
     with reader:
-        names = ["loss", "grad/norm_total", *lr_names(reader.names())]
-        for name in names:
+        for name in (names.LOSS, names.GRAD_NORM, *names.lr_names(reader.names())):
             steps, values = reader.series(name, max_points=HISTORY_POINTS)
             if steps:
                 ref.series[name] = Series()
@@ -214,17 +213,17 @@ def _overlay(runs: list[Run], pick, by_time: bool, smooth: bool = False, log_y: 
 
 def loss(runs: list[Run], by_time: bool = False) -> tuple[Text, Chart]:
     """Each run's smoothed loss (EMA), log scale once it spans decades."""
-    return _overlay(runs, lambda r: "loss", by_time, smooth=True, log_y="auto")
+    return _overlay(runs, lambda r: names.LOSS, by_time, smooth=True, log_y="auto")
 
 
 def lr(runs: list[Run], by_time: bool = False) -> tuple[Text, Chart]:
     """Each run's first LR series (its main optimizer's first param group)."""
-    return _overlay(runs, lambda r: next(iter(lr_names(r.series)), None), by_time, digits=3)
+    return _overlay(runs, lambda r: next(iter(names.lr_names(r.series)), None), by_time, digits=3)
 
 
 def grad(runs: list[Run], by_time: bool = False) -> tuple[Text, Chart]:
     """Each run's total gradient norm before clipping."""
-    return _overlay(runs, lambda r: "grad/norm_total", by_time, log_y="auto")
+    return _overlay(runs, lambda r: names.GRAD_NORM, by_time, log_y="auto")
 
 
 def versions(runs: list[Run], by_time: bool) -> tuple:
@@ -251,12 +250,12 @@ def fit_columns(rows: list[list[str]], width: int, gap: int = 2) -> list[int]:
 def figures(run: Run) -> list[str]:
     """The run's row of the key-figures table, as text (``—`` where unknown)."""
     info = run.info
-    loss = run.series.get("loss")
+    loss = run.series.get(names.LOSS)
     found = [(s, v) for s, v in zip(loss.steps, loss.values) if v is not None] if loss else []
     best = min(found, key=lambda p: p[1]) if found else None
-    lr_name = next(iter(lr_names(run.series)), None)
+    lr_name = next(iter(names.lr_names(run.series)), None)
     lr_value = run.series[lr_name].latest() if lr_name else None
-    norm = run.series.get("grad/norm_total")
+    norm = run.series.get(names.GRAD_NORM)
     norms = [v for v in norm.values if v is not None] if norm else []
     clock = run.clock
     span = clock.values[-1] - clock.values[0] if len(clock) > 1 else None

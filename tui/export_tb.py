@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ptdash.shared import names
 from ptdash.shared.protocol import Event
 from ptdash.shared.rows import Column
 
@@ -51,7 +52,7 @@ def write(out: Path, columns: list[Column], rows, events: list[Event], samples=(
     ranks = sorted({c.rank for c in columns} | {e.rank for e in events} | {r for r, _, _ in samples}) or [0]
     dirs = {rank: out if len(ranks) == 1 else out / f"rank{rank}" for rank in ranks}
     writers = {rank: EventFileWriter(str(path)) for rank, path in dirs.items()}
-    tags = [(c.rank, c.series if c.field is None else f"layer/{c.series}/{c.field}") for c in columns]
+    tags = [(c.rank, c.series if c.field is None else names.layer(c.series, c.field)) for c in columns]
     pending = sorted(events, key=lambda e: (e.step if e.step is not None else -1, e.id))
     at = taken = 0
     last_step = 0

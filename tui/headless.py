@@ -24,7 +24,7 @@ import uuid
 from contextlib import nullcontext
 from pathlib import Path
 
-from ptdash.shared import rundir
+from ptdash.shared import names, rundir
 from ptdash.shared.config import RunInfo
 from ptdash.shared.exits import describe_exit
 from ptdash.shared.frontlink import NOTICE, OUTPUT, FrontLink
@@ -330,12 +330,13 @@ def progress_line(reader: StoreReader, info: RunInfo, last: Event | None = None)
     parts = [info.status, f"step {newest}/{total}" if total else f"step {newest}"]
     if newest > step:
         parts.append(f"history stored to step {step}")
-    if values.get("loss") is not None:
-        parts.append(f"loss {values['loss']:.4f}")
-    if values.get("opt/lr/group0") is not None:
-        parts.append(f"lr {values['opt/lr/group0']:.2e}")
-    if values.get("grad/norm_total") is not None:
-        parts.append(f"grad norm {values['grad/norm_total']:.3g}")
+    loss, lr, norm = values.get(names.LOSS), values.get(names.lr(0, 0)), values.get(names.GRAD_NORM)
+    if loss is not None:
+        parts.append(f"loss {loss:.4f}")
+    if lr is not None:
+        parts.append(f"lr {lr:.2e}")
+    if norm is not None:
+        parts.append(f"grad norm {norm:.3g}")
     rate = StepRate(window_s=float("inf"))
     for s, wall in zip(*reader.walls(after_step=step - 50)):
         rate.add(s, wall)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
+from ptdash.shared import names
 from ptdash.shared.decimate import decimate
 
 SERIES_CAP = 8000
 """Points a series buffer holds before it decimates itself to half of that."""
 
-RANK_SERIES = ("loss", "time/step_s", "time/data_s", "throughput/samples_per_s")
+RANK_SERIES = (names.LOSS, names.STEP_S, names.DATA_S, names.SAMPLES_PER_S)
 """The series by step kept of ranks other than 0 (the Ranks tab's columns); their host and
 GPU readings come by time, as every rank's do."""
 

@@ -16,6 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
+from ptdash.shared import names
 from ptdash.shared.exits import describe_exit
 from ptdash.shared.protocol import ENDED
 from ptdash.shared.rows import RowReader
@@ -24,7 +25,6 @@ from ptdash.shared.store import STORE_NAME, StoreError
 from .fmt import fmt_duration, fmt_si
 from .runs import RunSummary
 from .tabs.doctor import Findings
-from .tabs.overview import lr_names
 from .tabs.system import cost_line, sampling_line
 
 _CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
@@ -55,14 +55,14 @@ def summarize(run: RunSummary) -> dict:
             out["duration_s"] = end - start
         if first and last and last[1] > first[1]:
             out["steps_per_s"] = (last[0] - first[0]) / (last[1] - first[1])
-        loss = reader.stats("loss")
+        loss = reader.stats(names.LOSS)
         if loss is not None:
-            out["loss"] = {"first": _point(loss.first), "last": _point(loss.last), "best": _point(loss.low)}
-        names = lr_names(reader.names())
-        lr = reader.stats(names[0]) if names else None
+            out[names.LOSS] = {"first": _point(loss.first), "last": _point(loss.last), "best": _point(loss.low)}
+        lrs = names.lr_names(reader.names())
+        lr = reader.stats(lrs[0]) if lrs else None
         if lr is not None:
-            out["lr"] = {"name": names[0], **_point(lr.last)}
-        norm = reader.stats("grad/norm_total")
+            out["lr"] = {"name": lrs[0], **_point(lr.last)}
+        norm = reader.stats(names.GRAD_NORM)
         if norm is not None:
             out["grad_norm"] = {"min": _point(norm.low), "max": _point(norm.high), "last": _point(norm.last)}
         out["cost"] = _cost(reader)
@@ -83,8 +83,8 @@ def _cost(reader) -> dict | None:
     """ptdash's own cost as the engine measured it (budget.py): the median of its readings
     over the run, the sampling periods at the end. None for a run without the readings."""
     latest = reader.latest_samples()
-    shares = [v for v in reader.sampled("ptdash/step_pct")[1] if v is not None]
-    threads = [v for v in reader.sampled("ptdash/threads_pct")[1] if v is not None]
+    shares = [v for v in reader.sampled(names.STEP_PCT)[1] if v is not None]
+    threads = [v for v in reader.sampled(names.THREADS_PCT)[1] if v is not None]
     if not shares and not threads:
         return None
 
@@ -96,8 +96,8 @@ def _cost(reader) -> dict | None:
         return None if value is None else int(value)
 
     return {"step_pct": median(shares), "threads_pct": median(threads), "readings": len(shares),
-            "budget_pct": latest.get("ptdash/budget_pct"), "layers_every": whole("ptdash/layers_every"),
-            "doctor_every": whole("ptdash/doctor_every")}
+            "budget_pct": latest.get(names.BUDGET_PCT), "layers_every": whole(names.LAYERS_EVERY),
+            "doctor_every": whole(names.DOCTOR_EVERY)}
 
 
 def _point(point) -> dict | None:
@@ -125,8 +125,8 @@ def render(s: dict) -> str:
     if s["steps_per_s"] is not None:
         timing += f", {fmt_si(s['steps_per_s'])} steps/s"
     lines.append(_row("duration", timing))
-    if s["loss"]:
-        lines.append(_row("loss", "  ".join(f"{k} {_at(s['loss'][k])}" for k in ("first", "last", "best"))))
+    if s[names.LOSS]:
+        lines.append(_row("loss", "  ".join(f"{k} {_at(s[names.LOSS][k])}" for k in ("first", "last", "best"))))
     if s["lr"]:
         lines.append(_row("last lr", f"{fmt_si(s['lr']['value'])} ({s['lr']['name']}, step {s['lr']['step']:,})"))
     if s["grad_norm"]:

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from ..shared.names import DATA_S, STEP_S
 from .rules import RULES
 from .sources import caller, quoted
 
@@ -29,7 +30,7 @@ class InputBound:
     def add(self, rows: list) -> tuple[float, int] | None:
         """Feed a flush's rows; ``(median share, steps)`` once input-bound."""
         for step, _wall, values in rows:
-            data, total = values.get("time/data_s"), values.get("time/step_s")
+            data, total = values.get(DATA_S), values.get(STEP_S)
             if step > self.warmup_steps and data is not None and total:
                 self._shares.append(data / total)
         self._shares = self._shares[-200:]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from ..shared.names import LOSS, MAIN_LR_PREFIX
+
 
 class LrZero:
     """An LR of exactly 0 in some param group for ``steps`` steps in a row.
@@ -21,12 +23,12 @@ class LrZero:
         found = {}
         for step, _wall, values in rows:
             for name, value in values.items():
-                if name.startswith("opt/lr/group"):
+                if name.startswith(MAIN_LR_PREFIX):
                     if value == 0.0:
                         run = self._run.setdefault(name, [step, step])
                         run[1] = step
                         if run[1] - run[0] + 1 >= self.steps:
-                            found[name.removeprefix("opt/lr/group")] = tuple(run)
+                            found[name.removeprefix(MAIN_LR_PREFIX)] = tuple(run)
                     else:
                         self._run.pop(name, None)
         return found or None
@@ -55,7 +57,7 @@ class Plateau:
     def add(self, rows: list) -> dict | None:
         """Feed a flush's rows; what was seen once the loss has plateaued."""
         for step, _wall, values in rows:
-            loss = values.get("loss")
+            loss = values.get(LOSS)
             if loss is None or not math.isfinite(loss):
                 continue
             if self._block_start is None:

@@ -21,6 +21,7 @@ import sqlite3
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from . import names
 from .protocol import LayerNames, Layers
 from .reader import StoreReader
 from .series_queries import _number
@@ -59,11 +60,6 @@ class Stats(NamedTuple):
     high: Point | None
 
 
-def label(rank: int, name: str) -> str:
-    """A series' column name: rank 0's as the dashboard names it, other ranks' under ``rankN/``."""
-    return name if rank == 0 else f"rank{rank}/{name}"
-
-
 class RowReader(StoreReader):
     """A StoreReader that also streams rows and summarises series (see the module docstring)."""
 
@@ -76,15 +72,16 @@ class RowReader(StoreReader):
                 found = self._rows("SELECT EXISTS (SELECT 1 FROM scalars WHERE name_id = ? AND rank = ?)",
                                    (ids[name], rank), "in its scalars", one=True)
                 if found and found[0]:
-                    out.append(Column(label(rank, name), rank, name))
+                    out.append(Column(names.ranked(rank, name), rank, name))
         if layers:
             for rank in self._layer_ranks():
                 seen: set[str] = set()
-                for names in self._layer_names(rank):
-                    for name in names.names:
+                for message in self._layer_names(rank):
+                    for name in message.names:
                         if isinstance(name, str) and name not in seen:
                             seen.add(name)
-                            out += [Column(label(rank, f"layer/{name}/{f}"), rank, name, f) for f in LAYER_FIELDS]
+                            out += [Column(names.ranked(rank, names.layer(name, f)), rank, name, f)
+                                    for f in LAYER_FIELDS]
         return out
 
     def rows(self, columns: list[Column], window: int = WINDOW,

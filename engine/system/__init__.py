@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..shared import names
 from .cuda import (
     _cuda_in_use,
     cuda_allocator_stats,
@@ -65,19 +66,19 @@ class SystemSampler:
 
     def sample(self) -> dict[str, float | None]:
         """One reading: ``host/<metric>`` and ``gpu<i>/<metric>``; call from a background thread."""
-        out: dict[str, float | None] = {f"host/{k}": _na_to_none(v) for k, v in self._host.sample().items()}
+        out: dict[str, float | None] = {names.host(k): _na_to_none(v) for k, v in self._host.sample().items()}
         allocator = cuda_allocator_stats()
         nvml_ids = self._visible()
         pids = self._host.pids()
         for i in range(max(len(allocator), len(nvml_ids))):
             alloc = allocator[i] if i < len(allocator) else {}
             for key, metric in _ALLOCATOR_METRICS.items():
-                out[f"gpu{i}/{metric}"] = _na_to_none(alloc.get(key))
+                out[names.gpu(i, metric)] = _na_to_none(alloc.get(key))
             device = self._nvml.device_stats(nvml_ids[i]) if i < len(nvml_ids) else {}
             for key, metric in _NVML_METRICS.items():
-                out[f"gpu{i}/{metric}"] = _na_to_none(device.get(key))
+                out[names.gpu(i, metric)] = _na_to_none(device.get(key))
             proc_mem = self._nvml.process_mem_bytes(nvml_ids[i], pids) if i < len(nvml_ids) else NA
-            out[f"gpu{i}/proc_mem_bytes"] = _na_to_none(proc_mem)
+            out[names.gpu(i, "proc_mem_bytes")] = _na_to_none(proc_mem)
         return out
 
     def devices_summary(self) -> str:

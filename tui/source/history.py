@@ -8,9 +8,10 @@ million steps reads a few thousand points per series.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ptdash.shared import names
 from ptdash.shared.config import RunInfo
 from ptdash.shared.protocol import Event, LayerNames, Layers, Status
 from ptdash.shared.reader import StoreReader
@@ -22,9 +23,16 @@ from . import Backfill, Columns, History, read_run_info
 HISTORY_POINTS = 4000
 """Points per series read from the store on (re)attach; decimated in SQL beyond that."""
 
-FIRST_SERIES = ("loss", "opt", "grad/", "time/step_s", "throughput/")
-"""Prefixes of the series the first screen charts; they are read first on attach, since
-decimating a long series costs a scan of it (about a second per million steps)."""
+FIRST_SERIES = (names.LOSS, names.MICRO_BATCHES, names.GRAD_NORM, names.CLIP_MAX, names.CLIPPED, names.STEP_S,
+                names.SAMPLES_PER_S)
+"""The series the first screen charts, of every optimizer, with the LRs; they are read first
+on attach, since decimating a long series costs a scan of it (about a second per million steps)."""
+
+
+def first_screen(name: str) -> bool:
+    """Whether the first screen charts series ``name``."""
+    index, base = names.optimizer_of(name)
+    return base in FIRST_SERIES or index > 0 or names.parse_lr(name) is not None
 
 LAYER_FLUSHES = 300
 """Newest per-parameter gradient records (one per engine flush) read on attach."""
@@ -35,18 +43,20 @@ RANK_POINTS = 1000
 SAMPLE_POINTS = 600
 """Host and GPU readings per series read on attach (the System tab shows the latest)."""
 
-RANK_SAMPLES = ("host/rss_bytes", "/mem_allocated_bytes")
-"""What the Ranks tab reads of every rank's readings: its memory."""
+def rank_sample(name: str) -> bool:
+    """Whether the Ranks tab reads this reading of every rank: its memory."""
+    gpu = names.parse_gpu(name)
+    return name == names.HOST_RSS or (gpu is not None and gpu[1] == "mem_allocated_bytes")
 
 HISTORY_WALLS = 1000
 """Newest step wall times read on attach (for steps/s; elapsed time comes from run.json)."""
 
 
-def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) -> History:
+def load_history(run_dir: Path, first: Callable[[str], bool] | None = first_screen) -> History:
     """What the run dir holds now; an empty History when the store is not there yet.
 
-    With ``first`` (name prefixes), only those series are read and the others are
-    listed in ``History.pending`` for ``load_series``; with None, every series is read.
+    With ``first`` (which series to read now), only those series are read and the others
+    are listed in ``History.pending`` for ``load_series``; with None, every series is read.
     """
     info = read_run_info(run_dir)
     series: Columns = {}
@@ -55,7 +65,7 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
     meta: dict = {}
     pending: list[str] = []
     layers: list[Layers] = []
-    names: LayerNames | None = None
+    layer_names: LayerNames | None = None
     ranks: dict[int, Columns] = {}
     samples: dict[int, Columns] = {}
     schedule = None
@@ -69,7 +79,7 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
     if reader is not None:
         with reader:
             for name in reader.names():
-                if first is None or name.startswith(first):
+                if first is None or first(name):
                     series[name] = reader.series(name, max_points=HISTORY_POINTS)
                 else:
                     pending.append(name)
@@ -78,7 +88,7 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
             events = reader.events()
             meta = reader.meta()
             layers = reader.layers(limit=LAYER_FLUSHES)
-            names = reader.layer_names(layers[-1].step) if layers else None
+            layer_names = reader.layer_names(layers[-1].step) if layers else None
             schedule = reader.schedule()
             size = world_size(info, meta)
             others = list(range(1, size)) if size else [r for r in reader.ranks() if r != 0]
@@ -90,7 +100,7 @@ def load_history(run_dir: Path, first: tuple[str, ...] | None = FIRST_SERIES) ->
     last_step = walls[0][-1] if walls[0] else None
     status = status_from_files(info, last_step) if info is not None else None
     return History(info=info, series=series, walls=walls, events=events, status=status, meta=meta,
-                   pending=pending, layers=layers, layer_names=names, ranks=ranks, samples=samples,
+                   pending=pending, layers=layers, layer_names=layer_names, ranks=ranks, samples=samples,
                    schedule=schedule)
 
 
@@ -128,9 +138,8 @@ def load_samples(reader: StoreReader, ranks: Iterable[int], after: dict[int, flo
     0's, the memory of the others. With ``after`` (rank -> wall), only newer readings."""
     out: dict[int, Columns] = {}
     for rank in ranks:
-        names = [n for n in reader.sampled_names(rank) if rank == 0 or n.endswith(RANK_SAMPLES)]
         own = {}
-        for name in names:
+        for name in (n for n in reader.sampled_names(rank) if rank == 0 or rank_sample(n)):
             walls, values = reader.sampled(name, rank, after_wall=None if after is None else after.get(rank),
                                            max_points=SAMPLE_POINTS)
             if walls:

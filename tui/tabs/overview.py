@@ -9,11 +9,11 @@ and the y scale.
 from __future__ import annotations
 
 import bisect
-import re
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from rich.text import Text
 
+from ptdash.shared import names
 from ptdash.shared.numbers import ema_series
 
 from ..chart import Chart, Line
@@ -26,9 +26,7 @@ CLIPPED_WINDOW = 100
 
 PALETTE = ("green", "cyan", "magenta", "yellow", "bright_blue", "red")
 
-_LR = re.compile(r"^opt(\d*)/lr/group(\d+)$")
-
-CHARTED = ("loss", "grad/norm_total", "time/step_s", "throughput/samples_per_s")
+CHARTED = (names.LOSS, names.GRAD_NORM, names.STEP_S, names.SAMPLES_PER_S)
 """Series whose steps make the charts' common step range (with the LR series)."""
 
 
@@ -48,10 +46,10 @@ def _join(parts: list[Text]) -> Text:
     return Text("  ").join(parts)
 
 
-def _others(state: RunState, suffix: str) -> list[tuple[str, str]]:
-    """``(series name, label)`` of the other optimizers' ``opt<k>/<suffix>`` series."""
-    found = sorted((int(m.group(1)), n) for n in state.series if (m := re.match(rf"^opt(\d+)/{suffix}$", n)))
-    return [(n, state.optimizers.get(k) or f"opt{k}") for k, n in found]
+def _label(state: RunState, series: str) -> str:
+    """An optimizer's series by the optimizer's name (``Generator``), or ``opt<k>``."""
+    index, _ = names.optimizer_of(series)
+    return state.optimizers.get(index) or f"opt{index}"
 
 
 def value_at(steps: list[int], values: list, step: int | None) -> float | None:
@@ -70,8 +68,7 @@ def extent(state: RunState) -> tuple[int, int, int] | None:
     """The first and last step the charts hold, and the last the schedule ahead reaches
     (the last step again without one); None before any step."""
     first = last = None
-    names = (*CHARTED, *lr_names(state.series))
-    for series in (state.series.get(n) for n in names):
+    for series in (state.series.get(n) for n in (*CHARTED, *names.lr_names(state.series))):
         if series is not None and series.steps:
             first = series.steps[0] if first is None else min(first, series.steps[0])
             last = series.steps[-1] if last is None else max(last, series.steps[-1])
@@ -97,10 +94,17 @@ def _cursor(view: ChartView) -> list[Text]:
     return [Text(f"@{view.cursor:,}", "bold bright_white")] if view.cursor is not None else []
 
 
-def loss(state: RunState, view: ChartView) -> Panel:
+def loss_reads(state: RunState) -> tuple[str, ...]:
+    """The loss chart's series: the loss, then the other optimizers' (a GAN's generator)."""
+    return (names.LOSS, *(n for _, n in names.others(state.series, names.LOSS)))
+
+
+def loss(state: RunState, view: ChartView, reads: tuple[str, ...] | None = None) -> Panel:
     """Raw loss (dim) under its EMA (bright); log scale once it spans decades. The other
-    optimizers' losses (a GAN's generator) in their own colours."""
-    series = state.series.get("loss")
+    optimizers' losses (a GAN's generator) in their own colours. ``reads`` is what
+    ``loss_reads`` returned (found again when not given)."""
+    main, *others = reads or loss_reads(state)
+    series = state.series.get(main)
     if series is None or not series.steps:
         if state.no_step:
             return Panel(Text(f"no step found: {state.no_step}", "yellow"), Chart())
@@ -118,30 +122,28 @@ def loss(state: RunState, view: ChartView) -> Panel:
         parts.append(_value("ema", last, "bold bright_cyan"))
     if at is None and series.latest() is None:
         parts.append(Text("non-finite", "bold red"))
-    for i, (name, label) in enumerate(_others(state, "loss")):
+    for i, name in enumerate(others):
         other = state.series[name]
         style = PALETTE[(i + 2) % len(PALETTE)]
         values = ema_series(other.values, 1 - view.smoothing, other.steps) if view.smoothing else other.values
         lines.append(Line(other.steps, values, style))
-        parts.append(_value(label, value_at(other.steps, values, at), style))
+        parts.append(_value(_label(state, name), value_at(other.steps, values, at), style))
     note = [Text(f"ema {view.smoothing:g}" if view.smoothing else "no smoothing", "dim")]
     return Panel(_join(parts), _chart(view, state, lines, "auto"), _join(note + _scale_note(view)))
 
 
-def lr_names(names) -> list[str]:
-    """The LR series, main optimizer first, then by group number."""
-    found = [(int(m.group(1) or -1), int(m.group(2)), n) for n in names if (m := _LR.match(n))]
-    return [n for *_, n in sorted(found)]
+def lr_reads(state: RunState) -> tuple[str, ...]:
+    """The LR chart's series: every optimizer's LRs, main first; with none, the LR the
+    script reports with ``ptdash.log(lr=...)``."""
+    return tuple(names.lr_names(state.series)) or (names.USER_LR,)
 
 
-def lr(state: RunState, view: ChartView) -> Panel:
+def lr(state: RunState, view: ChartView, reads: tuple[str, ...] | None = None) -> Panel:
     """Effective LR of every param group of every optimizer, one colour each, and the main
     optimizer's schedule ahead (dimmed, times the live LR factor) to its end."""
-    names = lr_names(state.series)
-    if not names and "user/lr" in state.series:
-        names = ["user/lr"]  # the script reports its own LR with ptdash.log(lr=...)
-    if not names:
-        if "loss" in state.series and not state.optimizers and "grad/norm_total" in state.series:
+    lrs = [n for n in reads or lr_reads(state) if n in state.series]
+    if not lrs:
+        if names.LOSS in state.series and not state.optimizers and names.GRAD_NORM in state.series:
             return Panel(Text("LR unknown: no torch.optim optimizer (ptdash.log(lr=...) reports one)", "dim"),
                          Chart())
         return Panel(Text("no LR yet", "dim"), Chart())
@@ -151,11 +153,12 @@ def lr(state: RunState, view: ChartView) -> Panel:
         parts.append(Text(f"×{fmt_num(scale)}", "bold yellow"))
     schedule = state.schedule
     ahead = schedule.steps if schedule is not None else []
-    for i, name in enumerate(names):
+    for i, name in enumerate(lrs):
         series = state.series[name]
         style = PALETTE[i % len(PALETTE)]
         lines.append(Line(series.steps, series.values, style))
-        group = int(name.rpartition("group")[2]) if name.startswith("opt/") else None
+        where = names.parse_lr(name)
+        group = where.group if where is not None and where.optimizer == 0 else None
         steps, values = [], []
         if group is not None and group < len(schedule.lrs if schedule else []) and series.steps:
             start = bisect.bisect_right(ahead, series.steps[-1])
@@ -164,14 +167,14 @@ def lr(state: RunState, view: ChartView) -> Panel:
             if len(steps) > 1:
                 lines.append(Line(steps, values, f"dim {style}"))
         if i < 4:
-            label = "" if len(names) == 1 else _lr_label(state, name)
+            label = "" if len(lrs) == 1 else _lr_label(state, name)
             at = view.cursor
             value = value_at(series.steps, series.values, at)
             if at is not None and steps and at > series.steps[-1]:
                 value = value_at(steps, values, at)
             parts.append(_value(label, value, style, digits=3))
-    if len(names) > 4:
-        parts.append(Text(f"+{len(names) - 4}", "dim"))
+    if len(lrs) > 4:
+        parts.append(Text(f"+{len(lrs) - 4}", "dim"))
     if schedule is not None and schedule.note:
         note = [Text(f"{schedule.note}: history only", "italic yellow")]
     elif ahead:
@@ -183,43 +186,58 @@ def lr(state: RunState, view: ChartView) -> Panel:
 
 def _lr_label(state: RunState, name: str) -> str:
     """``g0`` for the main optimizer's group 0, ``Generator g0`` for another optimizer's."""
-    m = _LR.match(name)
-    if m is None:
+    where = names.parse_lr(name)
+    if where is None:
         return name
-    k, group = m.group(1), m.group(2)
-    return f"g{group}" if not k else f"{state.optimizers.get(int(k)) or 'opt' + k} g{group}"
+    if not where.optimizer:
+        return f"g{where.group}"
+    return f"{state.optimizers.get(where.optimizer) or f'opt{where.optimizer}'} g{where.group}"
 
 
-def grad(state: RunState, view: ChartView) -> Panel:
+def grad_reads(state: RunState) -> tuple[str, ...]:
+    """The grad-norm chart's series: the norm, the clip in force, which steps were clipped,
+    then the other optimizers' norms."""
+    return (names.GRAD_NORM, names.CLIP_MAX, names.CLIPPED,
+            *(n for _, n in names.others(state.series, names.GRAD_NORM)))
+
+
+def grad(state: RunState, view: ChartView, reads: tuple[str, ...] | None = None) -> Panel:
     """Pre-clip total gradient norm, with the clip threshold in effect as a dashed line."""
-    norm = state.series.get("grad/norm_total")
+    norm_name, clip_name, clipped_name, *others = reads or grad_reads(state)
+    norm = state.series.get(norm_name)
     if norm is None or not norm.steps:
         return Panel(Text("no gradients yet", "dim"), Chart())
     at = view.cursor
     lines = [Line(norm.steps, norm.values, "magenta")]
     parts = _cursor(view) + [_value("", value_at(norm.steps, norm.values, at), "bold magenta")]
-    clip = state.series.get("grad/clip_max")
+    clip = state.series.get(clip_name)
     if clip is not None and clip.steps:
         lines.append(Line(clip.steps, clip.values, "red", dashed=True))
         if at is not None or clip.last_step == norm.last_step:
             parts.append(_value("clip", value_at(clip.steps, clip.values, at), "red"))
-    clipped = state.series.get("grad/clipped")
+    clipped = state.series.get(clipped_name)
     if clipped is not None and clipped.steps:
         recent = [v for v in clipped.values[-CLIPPED_WINDOW:] if v is not None]
         if recent and any(recent):
             parts.append(Text.assemble(("clipped ", "dim"), (f"{100 * sum(recent) / len(recent):.0f}%", "red")))
-    for i, (name, label) in enumerate(_others(state, "grad/norm_total")):
+    for i, name in enumerate(others):
         other = state.series[name]
         style = PALETTE[(i + 3) % len(PALETTE)]
         lines.append(Line(other.steps, other.values, style))
-        parts.append(_value(label, value_at(other.steps, other.values, at), style))
+        parts.append(_value(_label(state, name), value_at(other.steps, other.values, at), style))
     return Panel(_join(parts), _chart(view, state, lines, "auto"), _join(_scale_note(view)))
 
 
-def speed(state: RunState, view: ChartView) -> Panel:
+def speed_reads(state: RunState) -> tuple[str, ...]:
+    """The speed chart's series."""
+    return names.SAMPLES_PER_S, names.STEP_S
+
+
+def speed(state: RunState, view: ChartView, reads: tuple[str, ...] | None = None) -> Panel:
     """Samples/s when the engine knows the batch size, else seconds per step."""
-    samples = state.series.get("throughput/samples_per_s")
-    step_s = state.series.get("time/step_s")
+    samples_name, step_name = reads or speed_reads(state)
+    samples = state.series.get(samples_name)
+    step_s = state.series.get(step_name)
     at = view.cursor
     if samples is not None and samples.steps:
         legend = _join(_cursor(view) + [_value("", value_at(samples.steps, samples.values, at), "bold green",
@@ -238,6 +256,19 @@ def speed(state: RunState, view: ChartView) -> Panel:
     return Panel(Text("no timings yet", "dim"), Chart())
 
 
-def versions(state: RunState, names: tuple[str, ...]) -> tuple:
+def versions(state: RunState, series: tuple[str, ...]) -> tuple:
     """A cheap fingerprint of the series a panel reads, to skip redraws of unchanged data."""
-    return tuple(state.series[n].version if n in state.series else -1 for n in names)
+    return tuple(state.series[n].version if n in state.series else -1 for n in series)
+
+
+class ChartSpec(NamedTuple):
+    """One Overview chart: the series it reads (``reads(state)``), and how it draws them
+    (``draw(state, view, reads)``), so the list a redraw is judged by is the one drawn."""
+
+    reads: Callable[[RunState], tuple[str, ...]]
+    draw: Callable[..., Panel]
+
+
+CHARTS = {"loss": ChartSpec(loss_reads, loss), "lr": ChartSpec(lr_reads, lr), "grad": ChartSpec(grad_reads, grad),
+          "speed": ChartSpec(speed_reads, speed)}
+"""Each Overview chart by its id."""

@@ -14,6 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ptdash.shared import names
 from ptdash.shared.exits import describe_exit
 
 from ..chart import Chart, Line
@@ -72,16 +73,17 @@ def rank_rows(state: RunState, window: int = RANK_WINDOW) -> list[RankRow]:
     for rank in rank_ids(state):
         own = state.rank_series.get(rank, {})
         row = RankRow(rank=rank, step=state.rank_step(rank))
-        loss = own.get("loss")
+        loss = own.get(names.LOSS)
         row.loss = loss.latest() if loss is not None else None
-        row.step_s = _median(own.get("time/step_s"), window)
-        data_s = _median(own.get("time/data_s"), window)
+        row.step_s = _median(own.get(names.STEP_S), window)
+        data_s = _median(own.get(names.DATA_S), window)
         row.data_share = data_s / row.step_s if data_s is not None and row.step_s else None
-        row.samples_per_s = _median(own.get("throughput/samples_per_s"), window)
+        row.samples_per_s = _median(own.get(names.SAMPLES_PER_S), window)
         readings = state.samples.get(rank, {})
-        gpu = [s.latest() for n, s in readings.items() if n.startswith("gpu") and n.endswith("/mem_allocated_bytes")]
+        gpu = [s.latest() for n, s in readings.items()
+               if (found := names.parse_gpu(n)) is not None and found[1] == "mem_allocated_bytes"]
         gpu = [v for v in gpu if v is not None]
-        rss = readings.get("host/rss_bytes")
+        rss = readings.get(names.HOST_RSS)
         if gpu:
             row.memory, row.memory_kind = sum(gpu), "gpu"
         elif rss is not None and rss.latest() is not None:
@@ -149,7 +151,7 @@ def step_chart(state: RunState) -> tuple[Text, Chart]:
     """Step time per rank, one line (and colour) each, with each rank's median in the legend."""
     lines, parts = [], []
     for i, rank in enumerate(rank_ids(state)):
-        series = state.rank_series.get(rank, {}).get("time/step_s")
+        series = state.rank_series.get(rank, {}).get(names.STEP_S)
         if series is None or not series.steps:
             continue
         style = PALETTE[i % len(PALETTE)]

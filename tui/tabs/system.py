@@ -6,12 +6,13 @@ Every reading may be missing (no NVML, no CUDA yet, an old engine): it then read
 
 from __future__ import annotations
 
-import re
 import statistics
 
 from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
+
+from ptdash.shared import names
 
 from ..bars import bar, sparkline, stacked
 from ..fmt import fmt_bytes, fmt_ms
@@ -28,13 +29,11 @@ LABEL = 12
 K_MAX = 256
 """The engine's sparsest sampling (one step in this many; ptdash.budget.K_MAX, which this side cannot import)."""
 
-_GPU = re.compile(r"^gpu(\d+)/")
-
 STEP_PARTS = (
-    ("time/data_s", "data", "yellow"),
-    ("time/compute_s", "forward+backward", "cyan"),
-    ("time/optim_s", "optimizer", "magenta"),
-    ("time/other_s", "other", "white"),
+    (names.DATA_S, "data", "yellow"),
+    (names.COMPUTE_S, "forward+backward", "cyan"),
+    (names.OPTIM_S, "optimizer", "magenta"),
+    (names.OTHER_S, "other", "white"),
 )
 """(series, label, colour) of each part of a step, in the order a step spends them."""
 
@@ -53,7 +52,7 @@ def recent(state: RunState, name: str, n: int = SPARK_WIDTH) -> list[float | Non
 
 def gpu_indices(state: RunState) -> list[int]:
     """The GPUs the engine reports on, by CUDA index."""
-    return sorted({int(m.group(1)) for name in state.samples.get(0, {}) if (m := _GPU.match(name))})
+    return sorted({found[0] for name in state.samples.get(0, {}) if (found := names.parse_gpu(name)) is not None})
 
 
 def _pct(value: float | None) -> str:
@@ -84,26 +83,26 @@ def _frac(part: float | None, whole: float | None) -> float | None:
 def host(state: RunState, width: int) -> list[RenderableType]:
     """Machine and engine CPU, the processes' memory and the machine's memory."""
     bar_w = max(8, min(30, width - LABEL - SPARK_WIDTH - 24))
-    cpu = latest(state, "host/cpu_pct")
-    proc = latest(state, "host/proc_cpu_pct")
-    workers_cpu = latest(state, "host/workers_cpu_pct")
-    workers = latest(state, "host/workers")
-    used, total = latest(state, "host/mem_used_bytes"), latest(state, "host/mem_total_bytes")
+    cpu = latest(state, names.HOST_CPU_PCT)
+    proc = latest(state, names.HOST_PROC_CPU_PCT)
+    workers_cpu = latest(state, names.HOST_WORKERS_CPU_PCT)
+    workers = latest(state, names.HOST_WORKERS)
+    used, total = latest(state, names.HOST_MEM_USED), latest(state, names.HOST_MEM_TOTAL)
     lines = [Text(" host", "bold underline")]
     lines.append(_line("CPU machine", bar(_frac(cpu, 100.0), bar_w, "green"), f" {_pct(cpu):>5}  ",
-                       _spark(state, "host/cpu_pct", "green")))
+                       _spark(state, names.HOST_CPU_PCT, "green")))
     cores = f" ({proc / 100:.1f} cores)" if proc is not None else ""
-    engine = _line("CPU engine", (_pct(proc), "bold"), cores, "  ", _spark(state, "host/proc_cpu_pct", "cyan"))
+    engine = _line("CPU engine", (_pct(proc), "bold"), cores, "  ", _spark(state, names.HOST_PROC_CPU_PCT, "cyan"))
     if workers:
         engine.append(f"  workers {_pct(workers_cpu)} ({int(workers)})")
     lines.append(engine)
     lines.append(_line("memory", bar(_frac(used, total), bar_w, "blue"),
-                       f" {fmt_bytes(used)} / {fmt_bytes(total)}  ", _spark(state, "host/mem_used_bytes", "blue")))
-    rss = _line("RSS", ("engine ", "dim"), (fmt_bytes(latest(state, "host/rss_bytes")), "bold"), "  ",
-                _spark(state, "host/rss_bytes", "blue"))
+                       f" {fmt_bytes(used)} / {fmt_bytes(total)}  ", _spark(state, names.HOST_MEM_USED, "blue")))
+    rss = _line("RSS", ("engine ", "dim"), (fmt_bytes(latest(state, names.HOST_RSS)), "bold"), "  ",
+                _spark(state, names.HOST_RSS, "blue"))
     if workers:
         rss.append("  workers ", "dim")
-        rss.append(fmt_bytes(latest(state, "host/workers_rss_bytes")), "bold")
+        rss.append(fmt_bytes(latest(state, names.HOST_WORKERS_RSS)), "bold")
     lines.append(rss)
     return lines
 
@@ -114,7 +113,7 @@ def host(state: RunState, width: int) -> list[RenderableType]:
 def gpu(state: RunState, i: int, width: int) -> list[RenderableType]:
     """One GPU: allocator memory against NVML's view, utilisation, heat, power, clocks."""
     def get(metric: str) -> float | None:
-        return latest(state, f"gpu{i}/{metric}")
+        return latest(state, names.gpu(i, metric))
 
     bar_w = max(8, min(40, width - LABEL - 48))
     allocated, reserved, peak = get("mem_allocated_bytes"), get("mem_reserved_bytes"), get("mem_peak_bytes")
@@ -135,7 +134,7 @@ def gpu(state: RunState, i: int, width: int) -> list[RenderableType]:
                        ("  peak ", "dim"), (fmt_bytes(peak), "bold")))
     util = get("nvml_util_pct")
     lines.append(_line("util", bar(_frac(util, 100.0), min(bar_w, 20), "green"), f" {_pct(util):>5}  ",
-                       _spark(state, f"gpu{i}/nvml_util_pct", "green")))
+                       _spark(state, names.gpu(i, "nvml_util_pct"), "green")))
     temp, power, limit = get("temperature_c"), get("power_w"), get("power_limit_w")
     sm, mem = get("sm_clock_mhz"), get("mem_clock_mhz")
     lines.append(_line("sensors", ("temp ", "dim"), "N/A" if temp is None else f"{temp:.0f}°C",
@@ -164,30 +163,30 @@ def step_split(state: RunState, window: int = STEP_WINDOW) -> dict[str, float | 
     out so one slow step does not move the picture. Without any split, ``time/step_s`` is
     the median of the recent steps.
     """
-    steps = state.series.get("time/step_s")
-    out: dict[str, float | None] = dict.fromkeys((*(n for n, _, _ in STEP_PARTS), "time/step_s"))
+    steps = state.series.get(names.STEP_S)
+    out: dict[str, float | None] = dict.fromkeys((*(n for n, _, _ in STEP_PARTS), names.STEP_S))
     if steps is None or not steps.values:
         return out
     recent_steps = [v for v in steps.values[-window:] if v is not None]
-    out["time/step_s"] = statistics.median(recent_steps) if recent_steps else None
+    out[names.STEP_S] = statistics.median(recent_steps) if recent_steps else None
     parts = {name: state.series.get(name) for name, _, _ in STEP_PARTS}
-    compute = parts["time/compute_s"]
+    compute = parts[names.COMPUTE_S]
     if compute is None or not compute.steps:
-        data = parts["time/data_s"]
+        data = parts[names.DATA_S]
         if data is not None and data.values and data.values[-1] is not None:
-            out["time/data_s"] = data.values[-1]
+            out[names.DATA_S] = data.values[-1]
         return out
     sampled = []
     for step in compute.steps[-window:]:
         total = steps.value_at(step)
         values = {name: (s.value_at(step) if s is not None else None) for name, s in parts.items()}
-        if total is not None and values["time/compute_s"] is not None:
+        if total is not None and values[names.COMPUTE_S] is not None:
             sampled.append((total, values))
     if not sampled:
         return out
     typical = statistics.median(t for t, _ in sampled)
     kept = [(t, v) for t, v in sampled if t <= 3 * typical] or sampled
-    out["time/step_s"] = sum(t for t, _ in kept) / len(kept)
+    out[names.STEP_S] = sum(t for t, _ in kept) / len(kept)
     for name in parts:
         out[name] = sum(v[name] or 0.0 for _, v in kept) / len(kept)
     return out
@@ -196,7 +195,7 @@ def step_split(state: RunState, window: int = STEP_WINDOW) -> dict[str, float | 
 def step_time(state: RunState, width: int) -> list[RenderableType]:
     """Where a step's time goes (data wait, forward+backward, optimizer), and any hint."""
     split = step_split(state)
-    step = split["time/step_s"]
+    step = split[names.STEP_S]
     # The engine splits sampled steps only: the parts are means over the same sampled steps.
     lines: list[RenderableType] = [Text(f" step time  (the last {STEP_WINDOW} sampled steps: each part's share adds "
                                         "up to the step)", "bold underline")]
@@ -254,16 +253,16 @@ def sampling_line(layers_every: float | None, doctor_every: float | None) -> str
 
 def cost(state: RunState) -> list[RenderableType]:
     """ptdash's own cost, as the engine measures it, and what it samples to stay within its budget."""
-    head = cost_line(latest(state, "ptdash/step_pct"), latest(state, "ptdash/threads_pct"),
-                     latest(state, "ptdash/budget_pct"))
+    head = cost_line(latest(state, names.STEP_PCT), latest(state, names.THREADS_PCT),
+                     latest(state, names.BUDGET_PCT))
     if head is None:
         return []
-    every = latest(state, "ptdash/layers_every")
+    every = latest(state, names.LAYERS_EVERY)
     lines: list[RenderableType] = [Text(" ptdash's own cost", "bold underline"), Text(f" {head}")]
-    sampled = sampling_line(every, latest(state, "ptdash/doctor_every"))
+    sampled = sampling_line(every, latest(state, names.DOCTOR_EVERY))
     if sampled:
         lines.append(_note(sampled, "yellow" if every and every > 1 else "dim"))
-    share, budget = latest(state, "ptdash/step_pct"), latest(state, "ptdash/budget_pct")
+    share, budget = latest(state, names.STEP_PCT), latest(state, names.BUDGET_PCT)
     if share is not None and budget is not None and share > budget and every is not None and every >= K_MAX:
         lines.append(_note("over the budget at the sparsest sampling: what ptdash keeps every step (step count, "
                            "loss, LRs, step time, commands) costs more than the budget on steps this short", "yellow"))
@@ -308,6 +307,6 @@ def report(state: RunState, width: int) -> RenderableType:
 
 def versions(state: RunState) -> tuple:
     """A cheap fingerprint of everything ``report`` reads, to skip unchanged redraws."""
-    return (tuple((n, s.version) for n, s in state.series.items() if n.startswith("time/")),
+    return (tuple((n, s.version) for n, s in state.series.items() if n in names.TIMES),
             tuple((n, s.version) for n, s in state.samples.get(0, {}).items()), state.hint, id(state.oom))
 

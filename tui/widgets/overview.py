@@ -21,13 +21,8 @@ from .compare_table import CompareTable
 from .events_pane import EventsPane
 from .log_pane import LogPane
 
-CHARTS = (
-    ("loss", "loss", overview.loss),
-    ("lr", "learning rate", overview.lr),
-    ("grad", "grad norm", overview.grad),
-    ("speed", "speed", overview.speed),
-)
-"""(id, title, builder) of each chart, in layout order."""
+CHARTS = (("loss", "loss"), ("lr", "learning rate"), ("grad", "grad norm"), ("speed", "speed"))
+"""(id, title) of each chart, in layout order; what each draws is ``overview.CHARTS[id]``."""
 
 COMPARED = {"loss": compare.loss, "lr": compare.lr, "grad": compare.grad}
 """The charts that overlay the compared runs, and their builders."""
@@ -81,7 +76,7 @@ class Overview(Widget):
 
     def compose(self) -> ComposeResult:
         with Container(id="charts"):
-            for key, title, _ in CHARTS:
+            for key, title in CHARTS:
                 yield ChartPanel(title, id=f"{key}-panel")
         yield CompareTable(id="compare-table")
         with Horizontal(id="panes"):
@@ -98,11 +93,13 @@ class Overview(Widget):
         overlay them (the loss, LR and grad-norm charts)."""
         self.set_class(bool(runs), "-compare")
         seen = (view.span, view.end, view.cursor, view.smoothing, view.scale)
-        for key, _, build in CHARTS:
+        for key, _ in CHARTS:
+            spec = overview.CHARTS[key]
+            reads = spec.reads(state)
             if runs and key in COMPARED:
                 fingerprint: tuple = ("compare", compare.versions(runs, by_time))
             else:
-                fingerprint = (_fingerprint(key, state), seen)
+                fingerprint = (_fingerprint(state, reads), seen)
             if self._seen.get(key) == fingerprint:
                 continue
             self._seen[key] = fingerprint
@@ -111,7 +108,7 @@ class Overview(Widget):
                 panel.legend, panel.chart = COMPARED[key](runs, by_time)
                 panel.note = Text("by time" if by_time else "by step", "dim")
             else:
-                panel.legend, panel.chart, panel.note = build(state, view)
+                panel.legend, panel.chart, panel.note = spec.draw(state, view, reads)
         if runs:
             fingerprint = (compare.versions(runs, False), tuple(r.state or "" for r in runs))
             if self._seen.get("table") != fingerprint:
@@ -119,15 +116,8 @@ class Overview(Widget):
                 self.query_one(CompareTable).rows = [(r.colour, compare.figures(r)) for r in runs]
 
 
-def _fingerprint(key: str, state: RunState) -> tuple:
-    others = tuple(n for n in state.series if n.startswith("opt") and n.endswith(("/loss", "/grad/norm_total")))
-    names = {
-        "loss": ("loss", *others),
-        "lr": (*overview.lr_names(state.series), "user/lr"),
-        "grad": ("grad/norm_total", "grad/clip_max", "grad/clipped", *others),
-        "speed": ("throughput/samples_per_s", "time/step_s"),
-    }[key]
+def _fingerprint(state: RunState, reads: tuple[str, ...]) -> tuple:
     # Any chart's range may follow the others' (a zoomed view), and the LR panel the schedule.
     extra = (state.status.lr_scale if state.status is not None else None, id(state.schedule),
              overview.extent(state), tuple(state.optimizers.items()), state.no_step)
-    return names, overview.versions(state, names), extra
+    return reads, overview.versions(state, reads), extra
