@@ -161,7 +161,7 @@ class StepEnd:
             self.manual.backwards = 0
         self._in_step = self._at_boundary = False
         if self.clip_notes.notes:
-            self.clip_notes.clear()
+            self.clip_notes.keep_for([t for t in self._tracked.values() if t.index])
         self._t_post, self._t_forward, self._t_pre, self._inner, self._samples = now, None, None, 0.0, 0
         once = 0.0
         if not self._discovered:  # the first step of this process (a resumed run starts at N)

@@ -105,7 +105,17 @@ class ClipNotes:
         self.notes: list[tuple] = []
 
     def add(self, params, per_tensor, total, clip_max: float) -> None:
+        # A newer clip of the same parameters replaces one no step took (a step GradScaler skipped).
+        first = params[0] if params else None
+        if first is not None:
+            self.notes = [n for n in self.notes if not n[0] or n[0][0] is not first]
         self.notes.append((params, per_tensor, total, clip_max))
+
+    def keep_for(self, others: list[Tracked]) -> None:
+        """At the main step's end: only the notes of other optimizers are kept, for their steps
+        after it (an actor-critic clips both, then steps both)."""
+        live = [t for t in others if t.ref() is not None]
+        self.notes = [n for n in self.notes if n[0] is not None and any(t.owns(n[0]) for t in live)]
 
     def take(self, tracked: Tracked):
         for i, note in enumerate(self.notes):

@@ -706,3 +706,37 @@ def test_a_discriminator_whose_steps_are_skipped_a_few_times_stays_the_main_one(
         engine.finish("finished", 0)
     with StoreReader(run_dir / "metrics.db") as store:
         assert not [e for e in store.events() if "main optimizer" in e.message]
+
+
+def test_an_actor_critic_that_clips_both_then_steps_three_optimizers_keeps_both_totals_when_thinned(tmp_path):
+    # SAC's shape: one backward, the critic's and the actor's clips, then three steps. Each
+    # clip computes its total every step, so each is stored every step at any sampling rate.
+    run_dir, engine = _thinning_engine(tmp_path, "sac")
+    torch.manual_seed(0)
+    critic = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    actor = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    log_alpha = torch.zeros(1, requires_grad=True)
+    opts = [torch.optim.Adam(critic.parameters(), 1e-3), torch.optim.Adam(actor.parameters(), 1e-3),
+            torch.optim.Adam([log_alpha], 1e-3)]
+    totals: list[list[float]] = [[], []]
+    try:
+        for _ in _until_thinned(engine, 300):
+            s = torch.randn(32, 4)
+            a = actor(s)
+            q_loss = (critic(torch.cat([s, torch.randn(32, 2)], 1)) - 1).pow(2).mean()
+            pi_loss = -critic(torch.cat([s, a], 1)).mean() + log_alpha.exp().detach() * a.pow(2).mean()
+            alpha_loss = -(log_alpha * (a.detach().pow(2).mean() - 1))
+            for opt in opts:
+                opt.zero_grad()
+            (q_loss + pi_loss + alpha_loss).backward()
+            for i, model in enumerate((critic, actor)):
+                totals[i].append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item())
+            for opt in opts:
+                opt.step()
+    finally:
+        engine.finish("finished", 0)
+    every_step = list(range(1, len(totals[0]) + 1))
+    with StoreReader(run_dir / "metrics.db") as store:
+        assert store.series("grad/norm_total") == (every_step, pytest.approx(totals[0]))
+        assert store.series("opt1/grad/norm_total") == (every_step, pytest.approx(totals[1]))
+        assert len(store.series("opt2/grad/norm_total")[0]) < len(every_step) / 2  # unclipped: sampled
