@@ -8,6 +8,7 @@ script's.
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import functools
 import importlib.machinery
@@ -87,6 +88,7 @@ def _run_dir(argv: list[str]) -> tuple[Path | None, RunConfig]:
     """The run dir and its config: the one ``ptdash`` made, or a new one (rank 0 under a
     plain ``torchrun -m ptdash.bootstrap``, which the other ranks of that job find through
     the user's private directory); None for a rank that finds none."""
+    from . import nodes
     from .shared import rundir
 
     rank = int(os.environ.get("RANK", 0))
@@ -99,6 +101,14 @@ def _run_dir(argv: list[str]) -> tuple[Path | None, RunConfig]:
         print(f"ptdash: run dir {run_dir}; watch it with: ptdash attach {run_dir}", file=sys.stderr, flush=True)
         if job:
             rundir.announce_job(job, run_dir)
+    elif job and (where := nodes.place()) is not None and where.remote and os.environ.get("LOCAL_RANK") == "0":
+        # A node other than rank 0's, under the user's own torchrun: this node's own dir,
+        # found by its other ranks as the run dir is on node 0 (the hub is reached over TCP).
+        name = Path(argv[1] if argv[0] == "-m" else argv[0]).stem
+        run_dir = rundir.create_node_dir(Path(rundir.DEFAULT_ROOT), name, where.node, argv=argv, cwd=os.getcwd(),
+                                         python=sys.executable)
+        rundir.announce_job(job, run_dir)
+        atexit.register(rundir.forget_job, job)
     else:
         run_dir = rundir.find_job(job) if job else None
         if run_dir is None:
@@ -106,7 +116,7 @@ def _run_dir(argv: list[str]) -> tuple[Path | None, RunConfig]:
                   flush=True)
             return None, RunConfig()
     os.environ["PTDASH_RUN_DIR"] = str(run_dir)
-    if rank == 0:
+    if rank == 0 or nodes.place() is not None:
         setup_logging(run_dir)
     return run_dir, rundir.read_info(run_dir).config
 

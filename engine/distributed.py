@@ -18,11 +18,10 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 
 import torch.distributed as dist
 
-from .link import HubNotListening, Link, LinkError
+from .link import HubNotListening, Link, LinkError, describe
 from .shared.protocol import Command, Message, to_dict
 
 log = logging.getLogger("ptdash.distributed")
@@ -56,14 +55,15 @@ def group_rank() -> tuple[int, int] | None:
 class Distributed:
     """Identity, the hub connection and the command exchange of this process.
 
-    ``hub`` is the Hub when this process is the hub; otherwise ``link_path`` and
-    ``token`` say how to reach it.
+    ``hub`` is the Hub when this process is the hub; otherwise ``link_path`` (the hub's
+    Unix socket, or ``(host, port, key)`` of its TCP port for a rank on another node) and
+    ``token`` say how to reach it; ``hello`` is what such a rank says of itself.
     """
 
-    def __init__(self, hub=None, link_path: Path | None = None, token: str = "") -> None:
+    def __init__(self, hub=None, link_path=None, token: str = "", hello: dict | None = None) -> None:
         self.rank, self.local_rank, self.world_size = env_rank()
         self.hub = hub
-        self._link_path, self._token = link_path, token
+        self._link_path, self._token, self._hello = link_path, token, hello
         self.link: Link | None = None
         self._connecting: threading.Thread | None = None
         self._link_error: LinkError | None = None
@@ -107,7 +107,7 @@ class Distributed:
         deadline = time.monotonic() + HUB_WAIT_SECONDS
         while not self._closing:
             try:
-                self.link = Link(self._link_path, self._token, self.rank, self.world_size)
+                self.link = Link(self._link_path, self._token, self.rank, self.world_size, self._hello)
                 return
             except HubNotListening as exc:
                 if time.monotonic() > deadline:
@@ -125,7 +125,7 @@ class Distributed:
         self._connecting.join(SETUP_WAIT_SECONDS)
         if self.link is None:
             # Another host, or a hub that is gone: train on, without reporting.
-            exc = self._link_error or LinkError(f"no answer from the ptdash hub at {self._link_path} "
+            exc = self._link_error or LinkError(f"no answer from the ptdash hub at {describe(self._link_path)} "
                                                 f"in {SETUP_WAIT_SECONDS:.0f} s")
             log.warning("%s", exc)
             print(f"ptdash: rank {self.rank} runs without ptdash: {exc}", flush=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from . import link, system
+from . import link, nodes, system
 from .anomalies import Anomalies
 from .budget import Budget
 from .checkpoint import Checkpointer
@@ -81,7 +81,10 @@ class Engine:
         token = rundir.read_token(self.run_dir) if self.run_dir is not None else ""
         self.hub = (Hub(link.socket_path(self.info.socket), token, self._take_commands, self._queued_commands,
                         self._rank_data, self._leader_message, self._hub_event) if self.primary else None)
-        self.dist = Distributed(self.hub, link.socket_path(self.info.socket) if self.info else None, token)
+        target, hello = nodes.rank_target(config.to_json(), link.socket_path(self.info.socket) if self.info else None)
+        self.dist = Distributed(self.hub, target, token, hello)
+        self.nodeport = None
+        """The hub's TCP port for the other nodes of a job of several nodes (nodes.py)."""
         leads = self.dist.rank == 0
         self._leader_greeting: dict[str, object] = {}
         """The newest LayerNames and Schedule of a rank 0 in another process, for new dashboards."""
@@ -194,11 +197,12 @@ class Engine:
         except (OSError, ValueError):
             log.exception("could not update run.json")
 
-    def _hub_event(self, kind: str, message: str, **data) -> None:
+    def _hub_event(self, kind: str, message: str, info: dict | None = None, **data) -> None:
+        """The hub's events; ``info``: what run.json says from now on (world size, hosts, lost nodes)."""
         self.journal.event(kind, message, **data)
-        if "world" in data:
+        if info:
             try:
-                rundir.update_info(self.run_dir, world_size=data["world"])
+                rundir.update_info(self.run_dir, **info)
             except (OSError, ValueError):
                 log.exception("could not update run.json")
 
@@ -228,6 +232,9 @@ class Engine:
             self.checkpointer.guard_schedulers(self._patches, lambda: self.hooks.step)
         if self.primary:
             self.hub.start()
+            self.nodeport = nodes.open_port(self.hub, self.config.to_json(), {
+                "run_dir": str(self.run_dir), "run_id": self.info.id, "host": self.hub.host},
+                self.run_dir / "output.log", self._hub_event)
             self.server.start()
             rundir.register(self.info.id, self.run_dir)
             rundir.update_info(self.run_dir, status="running", pid=os.getpid(), started=time.time(),
@@ -279,6 +286,8 @@ class Engine:
                             RANKS_GONE_SECONDS)
             self.flusher.flush()  # what other ranks sent meanwhile
             self.hub.stop()
+            if self.nodeport is not None:
+                self.nodeport.stop()
             self.server.stop()
             self.store.close()
             rundir.update_info(self.run_dir, status=state, exit_code=exit_code, ended=time.time(),
@@ -298,6 +307,8 @@ class Engine:
     def kill(self) -> None:
         """Immediate end, from the server thread: flush what we can, then SIGKILL every rank here."""
         self.journal.event("run", "killed on request")
+        if self.nodeport is not None:
+            self.nodeport.kill_nodes()
         for pid in self.dist.local_pids():
             if pid != os.getpid():
                 try:

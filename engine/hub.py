@@ -26,10 +26,8 @@ rank link (link.py). Nothing goes through the job's TCP store.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import math
-import os
 import socket
 import threading
 import time
@@ -38,7 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import link
-from .shared.private import check_private_dir
+from .rankserve import UnixRankListener
 from .shared.protocol import Command
 
 log = logging.getLogger("ptdash.hub")
@@ -76,6 +74,10 @@ class RankInfo:
     step: int | None = None
     """The step of its newest exchange."""
     ended: bool = False
+    """It said goodbye (its engine finished)."""
+    host: str = ""
+    """The host of a rank on another node ("" on this machine)."""
+    node: int = 0
 
 
 def spacing_steps(step_seconds: float, cost_seconds: float) -> int:
@@ -101,6 +103,7 @@ class Hub:
                  queued: Callable[[], int], on_data: Callable[[int, dict], None],
                  on_publish: Callable[[int, dict], None], event: Callable[..., object]) -> None:
         self.path = Path(path)
+        self.host = socket.gethostname()
         self._token = token
         self._take, self._queued = take_commands, queued
         self._on_data, self._on_publish, self._event = on_data, on_publish, event
@@ -116,76 +119,38 @@ class Hub:
         self._releasing = False
         self._result: tuple[list[Command], int] = ([], 0)
         self._costs: list[float] = []
-        self._sock: socket.socket | None = None
-        self._threads: list[threading.Thread] = []
+        self._listener: UnixRankListener | None = None
         self._closing = False
         self.exchanges = 0
+        self.lost_nodes: dict[int, dict] = {}
+        """Node -> ``{"node", "host", "ranks"}`` of the nodes that were lost."""
 
     # ------------------------------------------------------------------ listening
 
     def start(self) -> None:
-        check_private_dir(self.path.parent)
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            sock.bind(str(self.path))
-        finally:
-            os.umask(old)
-        os.chmod(self.path, 0o600)
-        sock.listen(64)
-        self._sock = sock
-        thread = threading.Thread(target=self._accept_loop, name="ptdash-hub", daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        """Listen on the rank socket (rankserve.py)."""
+        self._listener = UnixRankListener(self.path, self._token, self.serve_rank, lambda: self._closing)
+        self._listener.start()
 
     def stop(self) -> None:
         self._closing = True
         with self._cond:
             self._cond.notify_all()
-        if self._sock is not None:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._sock.close()
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        if self._listener is not None:
+            self._listener.stop()
 
-    def _accept_loop(self) -> None:
-        while not self._closing:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            thread = threading.Thread(target=self._serve, args=(conn,), name="ptdash-hub-rank", daemon=True)
-            thread.start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def serve_rank(self, conn: link.Conn, hello: dict, pid: int, host: str = "", node: int = 0) -> None:
+        """Register the rank a hello names and serve its connection until it closes (its own
+        thread). ``host`` and ``node``: where a rank on another node is (nodeport.py)."""
         rank = None
         try:
-            conn.settimeout(5.0)
-            pid, uid = _peer(conn)
-            if uid != os.getuid():
-                log.warning("rank link: refused a connection from uid %d", uid)
-                return  # another user: not a word
-            hello = link.recv(conn)
-            if not hello or not isinstance(hello.get("token"), str) or \
-                    not hmac.compare_digest(hello["token"].encode(), self._token.encode()):
-                link.send(conn, {"ok": False, "error": "wrong token"})
-                return
             rank, world, role = hello.get("rank"), hello.get("world"), hello.get("hello")
-            error = self.register(rank, world, pid, local=False)
+            error = self.register(rank, world, pid, local=False, host=host, node=node)
             if error:
                 rank = None
-                link.send(conn, {"ok": False, "error": error})
+                conn.send({"ok": False, "error": error})
                 return
-            link.send(conn, {"ok": True})
+            conn.send({"ok": True})
             conn.settimeout(None)
             if role == "control":
                 self._serve_control(conn, rank)
@@ -199,21 +164,21 @@ class Hub:
             if rank is not None:
                 self._disconnected(rank)
 
-    def _serve_control(self, conn: socket.socket, rank: int) -> None:
-        while (request := link.recv(conn)) is not None:
+    def _serve_control(self, conn: link.Conn, rank: int) -> None:
+        while (request := conn.recv()) is not None:
             if "channel" in request:
                 ok, missing = self.channel(rank)
-                link.send(conn, {"channel": ok, "missing": missing})
+                conn.send({"channel": ok, "missing": missing})
             elif "arrive" in request:
                 commands, next_step = self.exchange(rank, int(request["arrive"]), float(request.get("s") or 0.0),
                                                     float(request.get("cost") or 0.0), bool(request.get("hold")),
                                                     bool(request.get("barrier")))
-                link.send(conn, {"commands": [[c.id, c.name, c.value] for c in commands], "next": next_step})
+                conn.send({"commands": [[c.id, c.name, c.value] for c in commands], "next": next_step})
             else:
                 raise ValueError(f"unknown request {sorted(request)[:3]}")
 
-    def _serve_data(self, conn: socket.socket, rank: int) -> None:
-        while (frame := link.recv(conn)) is not None:
+    def _serve_data(self, conn: link.Conn, rank: int) -> None:
+        while (frame := conn.recv()) is not None:
             if "push" in frame:
                 self._on_data(rank, frame["push"])
             elif "publish" in frame and rank == 0:
@@ -224,7 +189,7 @@ class Hub:
 
     # ------------------------------------------------------------------ registry
 
-    def register(self, rank, world, pid: int, local: bool) -> str | None:
+    def register(self, rank, world, pid: int, local: bool, host: str = "", node: int = 0) -> str | None:
         """Record a rank's connection; an error message when it does not fit the job."""
         if not isinstance(rank, int) or not isinstance(world, int) or not 0 <= rank < world:
             return f"rank {rank!r} of world {world!r} is not a rank"
@@ -234,10 +199,11 @@ class Hub:
             elif world != self.world:
                 return f"rank {rank} says the world has {world} ranks; the others said {self.world}"
             info = self.ranks.get(rank)
-            if info is not None and info.pid != pid:
-                return f"rank {rank} is already registered by pid {info.pid}"
+            if info is not None and (info.host, info.pid) != (host, pid):
+                where = f" on {info.host}" if info.host else ""
+                return f"rank {rank} is already registered by pid {info.pid}{where}"
             if info is None:
-                info = self.ranks[rank] = RankInfo(rank, pid, local)
+                info = self.ranks[rank] = RankInfo(rank, pid, local, host=host, node=node)
             info.connections += 1
             self._cond.notify_all()
         return None
@@ -252,7 +218,24 @@ class Hub:
                 # A rank that is gone never arrives: the others must not wait for it.
                 self.participants = self.participants - {rank}
                 self._release_if_complete()
+            if info.connections <= 0 and info.host and not info.ended and not self._closing:
+                ranks = [i for i in self.ranks.values() if i.node == info.node]
+                if all(i.connections <= 0 and not i.ended for i in ranks):
+                    self.node_lost(info.node, info.host, "every rank's link closed without a goodbye "
+                                   "(killed, or the network cut)")
             self._cond.notify_all()
+
+    def node_lost(self, node: int, host: str, why: str) -> None:
+        """Name a node that is gone, with its ranks (once)."""
+        with self._cond:
+            infos = [i for i in self.ranks.values() if i.node == node and i.host]
+            if self._closing or node in self.lost_nodes or (infos and all(i.ended for i in infos)):
+                return  # the hub is ending, or every rank there ended: nothing was lost
+            ranks = sorted(i.rank for i in infos)
+            self.lost_nodes[node] = {"node": node, "host": host, "ranks": ranks}
+            who = f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}" if ranks else "no rank known"
+            self._event("anomaly", f"node {node} ({host}) lost, with {who}: {why}", lost_node=node, host=host,
+                        ranks=ranks, info={"lost_nodes": list(self.lost_nodes.values())})
 
     def wait_ranks_gone(self, timeout: float) -> bool:
         """Wait (at most ``timeout`` s) until every rank in another process has closed its
@@ -267,14 +250,20 @@ class Hub:
         return True
 
     def rank_pids(self) -> dict[int, int]:
-        """Rank -> pid, as the kernel named them (this process's own pid for a rank in it)."""
+        """Rank -> pid of the ranks on this machine, as the kernel named them (this process's
+        own pid for a rank in it)."""
         with self._cond:
-            return {rank: info.pid for rank, info in self.ranks.items()}
+            return {rank: info.pid for rank, info in self.ranks.items() if not info.host}
 
     def pids(self) -> list[int]:
-        """Pids of the ranks in other processes, as the kernel named them."""
+        """Pids of the ranks in other processes on this machine, as the kernel named them."""
         with self._cond:
-            return [info.pid for info in self.ranks.values() if not info.local]
+            return [info.pid for info in self.ranks.values() if not info.local and not info.host]
+
+    def hosts(self) -> dict[int, str]:
+        """Rank -> host of every rank, this machine's named ``here``."""
+        with self._cond:
+            return {rank: info.host or self.host for rank, info in sorted(self.ranks.items())}
 
     # ------------------------------------------------------------------ channel
 
@@ -293,7 +282,10 @@ class Hub:
                 self.missing = [r for r in range(world) if r not in self.ranks]
                 self.participants = frozenset(range(world)) if not self.missing else frozenset({0})
                 if not self.missing:
-                    self._event("run", f"rank channel up: {world} ranks", world=world)
+                    hosts = {str(r): i.host or self.host for r, i in sorted(self.ranks.items())}
+                    count = len(set(hosts.values()))
+                    self._event("run", f"rank channel up: {world} ranks" + (f" on {count} hosts" if count > 1 else ""),
+                                world=world, hosts=hosts, info={"world_size": world, "hosts": hosts})
                 else:
                     self._event("warning", f"rank{'s' if len(self.missing) > 1 else ''} "
                                 f"{', '.join(map(str, self.missing))} of {world} never reached ptdash "
@@ -368,12 +360,3 @@ class Hub:
         """A command was queued: a paused round holding open may go."""
         with self._cond:
             self._cond.notify_all()
-
-
-def _peer(conn: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the process at the other end, from the kernel."""
-    import struct
-
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", creds)
-    return pid, uid

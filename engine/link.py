@@ -12,6 +12,11 @@ Nothing travels through the job's TCP store. The socket sits in the user's priva
 directory (0700), the hub checks each peer's uid with SO_PEERCRED and the run's token
 (readable by its owner only), and takes a rank's pid from the kernel, not from a message.
 
+A rank on another node than the hub's makes the same two connections over TCP, through
+the authenticated link (shared/authlink.py: the job's key, a MAC on every frame); its
+hello says which node and host it is on (nodeport.py serves it). Both kinds of
+connection carry the same JSON objects: ``Conn`` is either.
+
 Frames are a 4-byte big-endian length and a JSON object. Stdlib only.
 """
 
@@ -19,11 +24,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import socket
 import struct
 import threading
 from pathlib import Path
+
+from .shared import authlink
 
 log = logging.getLogger("ptdash.link")
 
@@ -83,34 +91,104 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def connect(path: Path, token: str, rank: int, world: int, role: str, timeout: float = 30.0) -> socket.socket:
-    """A connection to the hub, past its hello; raises LinkError with the hub's reason."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
+class Conn:
+    """One connection to the hub (or, at the hub, from a rank): JSON objects both ways."""
+
+    def __init__(self, sock: socket.socket | None = None, channel: authlink.Channel | None = None) -> None:
+        self.sock, self.channel = sock, channel
+        self.welcome: dict = {}
+        """The hub's answer to this connection's hello."""
+
+    def send(self, obj: dict) -> None:
+        if self.channel is not None:
+            self.channel.send(json.dumps(obj, separators=(",", ":")).encode())
+        else:
+            send(self.sock, obj)
+
+    def recv(self) -> dict | None:
+        """The next object, or None when the peer closed; LinkError (or OSError) when damaged."""
+        if self.channel is None:
+            return recv(self.sock)
+        try:
+            payload = self.channel.recv()
+        except authlink.LinkRefused as exc:
+            raise LinkError(str(exc)) from None
+        if payload is None:
+            return None
+        obj = json.loads(payload)
+        if not isinstance(obj, dict):
+            raise LinkError("a frame that is not a JSON object")
+        return obj
+
+    def settimeout(self, timeout: float | None) -> None:
+        (self.channel.sock if self.channel is not None else self.sock).settimeout(timeout)
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+        else:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+
+def _open(target, timeout: float) -> Conn:
+    """A Conn to ``target``: a Unix socket path, or ``(host, port, key)`` of the hub's TCP port."""
+    if isinstance(target, (str, Path)):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(target))
+        except OSError:
+            sock.close()
+            raise
+        return Conn(sock=sock)
+    host, port, key = target
+    return Conn(channel=authlink.dial(host, port, key, timeout=timeout))
+
+
+def describe(target) -> str:
+    """Where the hub is, for messages."""
+    return str(target) if isinstance(target, (str, Path)) else f"{target[0]}:{target[1]}"
+
+
+def connect(target, token: str, rank: int, world: int, role: str, timeout: float = 30.0,
+            extra: dict | None = None) -> Conn:
+    """A connection to the hub, past its hello; raises LinkError with the hub's reason.
+    ``extra``: what a rank on another node says of itself (nodeport.py checks it)."""
     try:
-        sock.connect(str(path))
-        send(sock, {"hello": role, "token": token, "rank": rank, "world": world})
-        answer = recv(sock)
-    except (FileNotFoundError, ConnectionRefusedError) as exc:  # from connect: no socket, or no listener
-        sock.close()
-        raise HubNotListening(f"cannot reach the ptdash hub at {path}: {exc}") from None
+        conn = _open(target, timeout)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:  # no socket, or no listener (yet)
+        raise HubNotListening(f"cannot reach the ptdash hub at {describe(target)}: {exc}") from None
+    except (OSError, authlink.LinkRefused) as exc:
+        raise LinkError(f"cannot reach the ptdash hub at {describe(target)}: {exc}") from None
+    try:
+        conn.send({"hello": role, "token": token, "rank": rank, "world": world, "pid": os.getpid(), **(extra or {})})
+        answer = conn.recv()
     except (OSError, ValueError) as exc:
-        sock.close()
-        raise LinkError(f"cannot reach the ptdash hub at {path}: {exc}") from None
+        conn.close()
+        raise LinkError(f"cannot reach the ptdash hub at {describe(target)}: {exc}") from None
     if not answer or not answer.get("ok"):
-        sock.close()
-        raise LinkError(f"the ptdash hub refused rank {rank}: {(answer or {}).get('error', 'no answer')}")
-    sock.settimeout(None)
-    return sock
+        conn.close()
+        who = f"rank {rank}" if rank >= 0 else f"this node's {role}"
+        raise LinkError(f"the ptdash hub refused {who}: {(answer or {}).get('error', 'no answer')}")
+    conn.settimeout(None)
+    conn.welcome = answer
+    return conn
 
 
 class Link:
     """One rank's two connections to the hub (see the module docstring)."""
 
-    def __init__(self, path: Path, token: str, rank: int, world: int) -> None:
+    def __init__(self, target, token: str, rank: int, world: int, extra: dict | None = None) -> None:
         self.rank = rank
-        self._ctl = connect(path, token, rank, world, "control")
-        self._data = connect(path, token, rank, world, "data")
+        self._ctl = connect(target, token, rank, world, "control", extra=extra)
+        try:
+            self._data = connect(target, token, rank, world, "data", extra=extra)
+        except LinkError:
+            self._ctl.close()
+            raise
         self._queue: queue.Queue = queue.Queue(SEND_QUEUE)
         self.dropped = 0
         """Flushes dropped because the hub did not take them in time."""
@@ -119,8 +197,8 @@ class Link:
 
     def request(self, obj: dict) -> dict:
         """Send on the control connection and wait for the answer (training thread only)."""
-        send(self._ctl, obj)
-        answer = recv(self._ctl)
+        self._ctl.send(obj)
+        answer = self._ctl.recv()
         if answer is None:
             raise LinkError("the ptdash hub closed the rank link")
         return answer
@@ -144,7 +222,7 @@ class Link:
             if obj is None:
                 return
             try:
-                send(self._data, obj)
+                self._data.send(obj)
             except (OSError, ValueError) as exc:
                 log.warning("rank link: cannot send to the hub: %s", exc)
                 return
@@ -153,8 +231,5 @@ class Link:
         """Send what is queued, then close both connections."""
         self._queue.put(None)
         self._sender.join(timeout)
-        for sock in (self._data, self._ctl):
-            try:
-                sock.close()
-            except OSError:
-                pass
+        for conn in (self._data, self._ctl):
+            conn.close()

@@ -188,11 +188,28 @@ def dial(host: str, port: int, key: bytes, timeout: float = 10.0, max_frame: int
     """Connect and authenticate; OSError when nothing answers, LinkRefused when it is not the hub."""
     sock = socket.create_connection((host, port), timeout=timeout)
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune(sock)
         return client_handshake(sock, key, max_frame, min(timeout, HANDSHAKE_TIMEOUT))
     except BaseException:
         sock.close()
         raise
+
+
+KEEPALIVE = (5, 2, 3)
+"""TCP keepalive: idle seconds, interval, probes: a peer whose network was cut is given up
+after about 11 s of silence, and unacknowledged data after USER_TIMEOUT_MS."""
+USER_TIMEOUT_MS = 15000
+
+
+def tune(sock: socket.socket) -> None:
+    """No delay for small frames (the command exchange), and keepalive (Linux names)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), KEEPALIVE):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
 
 
 def _name(address) -> str:
@@ -207,8 +224,10 @@ class Listener:
     its own for each peer past the handshake. Refused peers are counted and logged."""
 
     def __init__(self, host: str, port: int, key: bytes, on_channel: Callable[[Channel], None],
-                 max_frame: int = MAX_FRAME, name: str = "ptdash-link") -> None:
+                 max_frame: int = MAX_FRAME, name: str = "ptdash-link",
+                 on_refuse: Callable[[str, str], None] | None = None) -> None:
         self._key, self._on_channel, self._max_frame, self._name = key, on_channel, max_frame, name
+        self._on_refuse = on_refuse
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -247,7 +266,7 @@ class Listener:
     def _serve(self, sock: socket.socket, address) -> None:
         try:
             try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                tune(sock)
                 channel = server_handshake(sock, self._key, self._max_frame)
             finally:
                 self._pending.release()
@@ -272,6 +291,11 @@ class Listener:
         if allowed:
             log.warning("link: refused %s: %s%s", peer, reason,
                         f" ({held} similar refusals before this one were not logged)" if held else "")
+        if self._on_refuse is not None:
+            try:
+                self._on_refuse(peer, reason)
+            except Exception:  # noqa: BLE001 - a note must not stop the listener
+                log.exception("noting a refusal failed")
 
     def close(self) -> None:
         self._closing = True

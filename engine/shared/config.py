@@ -204,9 +204,13 @@ class RunInfo:
     error: str | None = None
     """Why the engine could not start."""
     rank_failures: list | None = None
+    """``[{"rank", "exitcode"}]`` of the ranks that failed, first failure first."""
     stalled: str | None = None
     """While no rank makes steps (DDP): which rank stalled and why; None otherwise."""
-    """``[{"rank", "exitcode"}]`` of the ranks that failed, first failure first."""
+    hosts: dict | None = None
+    """Rank (as text) -> the host it runs on, once every rank reached the hub (DDP)."""
+    lost_nodes: list | None = None
+    """``[{"node", "host", "ranks"}]`` of the nodes lost during the run (several nodes)."""
 
     def __post_init__(self) -> None:
         if self.status not in STATES:

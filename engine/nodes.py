@@ -1,0 +1,143 @@
+"""Where this process stands in a job of several nodes, read from torchrun's environment.
+
+torchrun (and ptdash's launcher, which is torch's own) gives every worker ``GROUP_RANK``
+(its node's place in the rendezvous), ``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT`` and ``TORCHELASTIC_RUN_ID``. A job spans several nodes when the world is
+larger than the node's share of it. Node 0 (``GROUP_RANK`` 0) holds rank 0, whose engine
+is the hub; the ranks of the other nodes reach it over the authenticated TCP link
+(shared/authlink.py) at ``MASTER_ADDR``, port ``PTDASH_LINK_PORT`` or else ``MASTER_PORT + 1``.
+The hub listens there only: on the address ``MASTER_ADDR`` has on its machine (the
+interface the rendezvous uses), never on every interface. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+PORT_ENV = "PTDASH_LINK_PORT"
+
+
+@dataclass(frozen=True)
+class Place:
+    """This process's node in a job of several nodes."""
+
+    node: int
+    """Its node's group rank (0: the hub's node)."""
+    nodes: int | None
+    """How many nodes, when known (``PTDASH_NNODES`` from ptdash's launcher)."""
+    host: str
+    """``MASTER_ADDR``: node 0's address, where the hub listens."""
+    port: int
+    """The hub's TCP port."""
+    job: str
+    """The rendezvous id: a node of another job is refused."""
+
+    @property
+    def remote(self) -> bool:
+        """On another node than the hub's."""
+        return self.node != 0
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def _int(environ, name: str) -> int | None:
+    try:
+        return int(environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def link_port(master_port: int, environ=os.environ) -> int:
+    """The hub's port: ``PTDASH_LINK_PORT``, or the rendezvous port + 1."""
+    return _int(environ, PORT_ENV) or master_port + 1
+
+
+def place(environ=os.environ) -> Place | None:
+    """This worker's node, or None when the job is on one node (or not under torchrun)."""
+    world, local, node = _int(environ, "WORLD_SIZE"), _int(environ, "LOCAL_WORLD_SIZE"), _int(environ, "GROUP_RANK")
+    port = _int(environ, "MASTER_PORT")
+    if None in (world, local, node, port) or world <= local or not environ.get("MASTER_ADDR"):
+        return None
+    return Place(node=node, nodes=_int(environ, "PTDASH_NNODES"), host=environ["MASTER_ADDR"],
+                 port=link_port(port, environ), job=environ.get("TORCHELASTIC_RUN_ID", ""))
+
+
+def _own_address(host: str) -> str | None:
+    """The first address of ``host`` that belongs to this machine, or None."""
+    for family, _, _, _, address in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM):
+        probe = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            probe.bind((address[0], 0))
+            return address[0]
+        except OSError:
+            continue
+        finally:
+            probe.close()
+    return None
+
+
+def local_address(host: str) -> str:
+    """The address of this machine by which ``host`` is reached: ``host``'s own address when
+    it is this machine's (node 0, the rendezvous host), else the one the route to it leaves
+    from. Raises OSError when ``host`` does not resolve."""
+    own = _own_address(host)
+    if own is not None:
+        return own
+    family, _, _, _, address = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0]
+    probe = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        probe.connect((address[0], 9))  # no packet is sent: this only picks the route
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+def is_local(host: str) -> bool:
+    """Whether ``host`` names an address of this machine."""
+    try:
+        return _own_address(host) is not None
+    except OSError:
+        return False
+
+
+def rank_target(config: dict, unix, environ=os.environ) -> tuple[object, dict | None]:
+    """How this rank reaches the hub, and what it says of itself: ``unix`` (the hub's socket)
+    and None on the hub's node; ``(host, port, key)`` and its hello on another; None when
+    it cannot (no key: it says why, and trains without reporting)."""
+    from .shared.linkkey import LinkKeyError, load_key
+
+    where = place(environ)
+    if where is None or not where.remote:
+        return unix, None
+    try:
+        key = load_key()
+    except LinkKeyError as exc:
+        print(f"ptdash: rank {environ.get('RANK', '?')} runs without ptdash: {exc}", flush=True)
+        return None, None
+    hello = {"host": socket.gethostname(), "node": where.node, "job": where.job, "config": config}
+    return (where.host, where.port, key), hello
+
+
+def open_port(hub, config: dict, run: dict, output, event, environ=os.environ):
+    """The hub of a job of several nodes: its TCP port for the other nodes (nodeport.py), or
+    None (one node; or it cannot listen, which a warning says: the other nodes then train
+    without ptdash, and clip and LR changes are refused)."""
+    from .nodeport import NodePort
+    from .shared.linkkey import LinkKeyError, load_key
+
+    where = place(environ)
+    if where is None or where.remote:
+        return None
+    try:
+        port = NodePort(hub, local_address(where.host), where.port, load_key(), where.job, config, output, run, event)
+        port.start()
+    except (OSError, LinkKeyError) as exc:
+        event("warning", f"the hub cannot listen for the other nodes at {where.address}: {exc}; their ranks run "
+              f"without ptdash (set {PORT_ENV} to another port)")
+        return None
+    event("run", f"the hub listens for the other nodes at {port.host}:{port.port}", host=port.host, port=port.port)
+    return port
