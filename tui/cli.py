@@ -32,11 +32,12 @@ from ptdash.shared.config import ConfigError, RunConfig
 from ptdash.shared.exits import shell_status
 from ptdash.shared.protocol import TransportError
 
-from . import checks, runs, subcommands
+from . import checks, nodeopts, runs, subcommands
 from .ctl import cmd_ctl
 from .errors import CliError
 from .headless import headless, say
 from .ls import cmd_ls
+from .nodefront import follow_node
 from .options import (
     NO_TERMINAL_PAUSE_TIMEOUT,
     count_arg,
@@ -98,7 +99,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--overhead-budget", type=positive_arg("overhead budget"), default=1.0, metavar="PCT",
                    help="ptdash's share of the step time, in percent (default 1; 100 = never thin the statistics)")
     p.add_argument("--nproc-per-node", type=count_arg(1), default=1, metavar="N",
-                   help="launch N ranks through torch.distributed's launcher (DDP)")
+                   help="launch N ranks through torch.distributed's launcher (DDP), on each node")
+    nodeopts.add_arguments(p)
     p.add_argument("--detect-anomaly", action="store_true",
                    help="turn on autograd anomaly detection (slow): a failing backward names the forward "
                         "line that caused it")
@@ -176,8 +178,13 @@ def launch(args: argparse.Namespace, target: list[str], name: str,
         checks.run_dir(args.run_dir)
     else:
         checks.run_dir(Path(rundir.DEFAULT_ROOT), root=True)
+    nodes = getattr(args, "nodes", None)
     try:
-        if args.run_dir:
+        if nodes is not None and not nodes.hub:  # the run dir is node 0's: this node gets its own
+            run_dir = rundir.create_node_dir(args.run_dir.parent if args.run_dir else Path(rundir.DEFAULT_ROOT),
+                                             args.run_dir.name if args.run_dir else args.name or name,
+                                             nodes.node_rank, **fields)
+        elif args.run_dir:
             run_dir = rundir.create(args.run_dir.parent, args.run_dir.name, exact=True, **fields)
         else:
             run_dir = rundir.create(Path(rundir.DEFAULT_ROOT), args.name or name, **fields)
@@ -188,24 +195,32 @@ def launch(args: argparse.Namespace, target: list[str], name: str,
         raise CliError(f"cannot create the run dir: {exc.strerror or exc}{where}", 1) from None
     # The engine relays the script's output to output.log itself, so a full disk never fails a print.
     env = dict(os.environ, PTDASH_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
-    if args.nproc_per_node == 1:
+    launched = args.nproc_per_node > 1 or nodes is not None
+    if not launched:
         env["PTDASH_OUTPUT_RELAY"] = "1"
     pass_fds: tuple[int, ...] = ()
-    if link is not None and args.nproc_per_node == 1:
+    if link is not None and not launched:
         env[frontlink.ENV] = str(link.fileno())
         pass_fds = (link.fileno(),)
-    output = os.fdopen(perms.open_file(run_dir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
-    if args.nproc_per_node > 1:
-        command = [sys.executable, "-m", "ptdash.launch", "--nproc-per-node", str(args.nproc_per_node), "--", *target]
+    if nodes is not None and nodes.link_port:
+        env["PTDASH_LINK_PORT"] = str(nodes.link_port)
+    # On another node than the hub's, the launcher sends its ranks' output to the hub (and
+    # prints where the run is on this node's stdout): output.log is node 0's.
+    output = None if nodes is not None and not nodes.hub else \
+        os.fdopen(perms.open_file(run_dir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
+    if launched:
+        command = [sys.executable, "-m", "ptdash.launch", "--nproc-per-node", str(args.nproc_per_node),
+                   *(nodes.launcher_args() if nodes is not None else ()), "--", *target]
     else:
         command = [sys.executable, "-m", "ptdash.bootstrap", *target]
     proc = subprocess.Popen(
         command,
-        stdin=None if link is not None else subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-        env=env, pass_fds=pass_fds,
+        stdin=None if link is not None else subprocess.DEVNULL, stdout=output,
+        stderr=None if output is None else subprocess.STDOUT, env=env, pass_fds=pass_fds,
         # Its own session: closing the terminal (SIGHUP) or Ctrl-C here never reaches training.
         start_new_session=True)
-    output.close()
+    if output is not None:
+        output.close()
     rundir.update_info(run_dir, pid=proc.pid, launcher_pid=proc.pid, nproc_per_node=args.nproc_per_node)
     return run_dir, proc
 
@@ -352,6 +367,9 @@ def _main(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv[:start])
     args.target = argv[start:]
     target, name = _check_target(args.target, args.module)
+    args.nodes = nodeopts.resolve(args, os.environ)
+    if args.nodes is not None and not args.nodes.hub:
+        return follow_node(args.nodes, *launch(args, target, name))
     if not (args.headless or not sys.stdout.isatty()):
         return dashboard(*launch(args, target, name))
     if args.pause_timeout is None and not has_terminal():
@@ -362,7 +380,7 @@ def _main(argv: list[str]) -> int:
         run_dir, proc = launch(args, target, name, link=engine_end)
     finally:
         engine_end.close()
-    if args.nproc_per_node > 1:
+    if args.nproc_per_node > 1 or args.nodes is not None:
         front.close()
         front = None
     say(f"[ptdash] run dir: {run_dir}")

@@ -43,12 +43,14 @@ DEFAULT_ROOT = "ptdash-runs"
 RUN_JSON = "run.json"
 
 
-def create(root: Path, name: str, exact: bool = False, group: int | None = None, **fields) -> Path:
+def create(root: Path, name: str, exact: bool = False, group: int | None = None, listed: bool = True,
+           **fields) -> Path:
     """Make a new run dir under ``root`` with its token and an initial run.json.
 
     The dir is ``root/<time>-<name>``, or ``root/<name>`` when ``exact`` (an empty
     existing directory is reused then). It is private to this user, or readable by
-    ``group`` (a gid). ``fields`` are RunInfo fields (argv, config...).
+    ``group`` (a gid). ``fields`` are RunInfo fields (argv, config...). ``listed``: in the
+    list of every run (``ptdash ls --all``); a node's own dir (node_dir) is not.
     """
     sockets = private_dir()  # first: an unsafe socket directory leaves nothing behind
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -75,8 +77,19 @@ def create(root: Path, name: str, exact: bool = False, group: int | None = None,
                    host=socket.gethostname(), user_uid=os.getuid(), created=time.time(), **fields)
     write_info(path, info)
     diskspace.make_reserve(path)
-    record(run_id, path)
+    if listed:
+        record(run_id, path)
     return path
+
+
+NODES = ".nodes"
+
+
+def create_node_dir(root: Path, name: str, node: int, **fields) -> Path:
+    """The dir of a node other than the hub's in a job of several nodes: its ranks' run.json
+    (their options), engine.log and a copy of their output. The run itself, its store and
+    its dashboards are on node 0; this dir is not a run (not listed, under ``root/.nodes``)."""
+    return create(Path(root) / NODES, f"{name}-node{node}", listed=False, **fields)
 
 
 def read_info(run_dir: Path) -> RunInfo:
