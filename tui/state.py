@@ -81,6 +81,8 @@ class RunState:
     """Rank -> the step it stalled at (an ``anomaly`` event); it counts until the rank steps again."""
     rank_failures: dict[int, int] = field(default_factory=dict)
     """Rank -> exit code of the ranks that failed, the first being the cause (run.json's ``rank_failures``)."""
+    hosts: dict[int, str] = field(default_factory=dict)
+    """Rank -> the host it runs on (run.json's ``hosts``, once every rank reached the hub)."""
     schedule: Schedule | None = None
     """The LR schedule ahead, or the note saying why there is none (None before the engine said)."""
     events_changed: bool = False
@@ -155,6 +157,8 @@ class RunState:
         """Take what run.json says about the ranks: how many, and which failed how."""
         self.note_world_size(info.world_size)
         self._note_failures(info.rank_failures)
+        if isinstance(info.hosts, dict):
+            self.hosts = {int(r): str(h) for r, h in info.hosts.items() if str(r).isdigit()}
 
     def _note_failures(self, failures: object) -> None:
         if not isinstance(failures, list):

@@ -73,3 +73,17 @@ def test_single_process_says_so():
     state = rows({0: 0.05})
     assert state.world_size == 1
     assert "single-process run" in text_of(ranks.table(state))
+
+
+def test_ranks_of_several_hosts_are_grouped_under_each_host():
+    state = rows({0: 0.05, 1: 0.05, 2: 0.05, 3: 0.05})
+    state.note_info(run_info(world_size=4, hosts={"0": "gpu-a", "1": "gpu-b", "2": "gpu-a", "3": "gpu-b"}))
+    assert [(r.host, r.rank) for r in ranks.rank_rows(state)] == [("gpu-a", 0), ("gpu-a", 2), ("gpu-b", 1),
+                                                                  ("gpu-b", 3)]
+    lines = [line.split() for line in text_of(ranks.table(state), width=120).splitlines()]
+    named = [(words[0], words[1]) for words in lines if words and words[0].startswith("gpu-")]
+    assert named == [("gpu-a", "0"), ("gpu-b", "1")]  # each host once, on its first rank's line
+    assert [words[0] for words in lines if words and words[0] in ("1", "2", "3")] == ["2", "3"]
+    single = rows({0: 0.05, 1: 0.05})
+    single.note_info(run_info(world_size=2, hosts={"0": "gpu-a", "1": "gpu-a"}))
+    assert "host" not in text_of(ranks.table(single), width=120).split()  # one host: no column for it

@@ -37,6 +37,8 @@ class RankRow:
     """The numbers of one rank's row in the table."""
 
     rank: int
+    host: str = ""
+    """The host it runs on, when known."""
     step: int | None = None
     loss: float | None = None
     step_s: float | None = None
@@ -72,7 +74,7 @@ def rank_rows(state: RunState, window: int = RANK_WINDOW) -> list[RankRow]:
     first_failure = next(iter(state.rank_failures), None)
     for rank in rank_ids(state):
         own = state.rank_series.get(rank, {})
-        row = RankRow(rank=rank, step=state.rank_step(rank))
+        row = RankRow(rank=rank, host=state.hosts.get(rank, ""), step=state.rank_step(rank))
         loss = own.get(names.LOSS)
         row.loss = loss.latest() if loss is not None else None
         row.step_s = _median(own.get(names.STEP_S), window)
@@ -101,7 +103,15 @@ def rank_rows(state: RunState, window: int = RANK_WINDOW) -> list[RankRow]:
     for row in rows:
         if row.step_s is not None and middle:
             row.straggler = row.step_s / middle
-    return rows
+    return by_host(rows)
+
+
+def by_host(rows: list[RankRow]) -> list[RankRow]:
+    """The rows grouped by host, each host where its lowest rank is (rank 0's first)."""
+    first: dict[str, int] = {}
+    for r in rows:
+        first.setdefault(r.host, r.rank)
+    return sorted(rows, key=lambda r: (first[r.host], r.rank))
 
 
 STATUS_STYLES = {"ok": "green", "stalled": "bold yellow", "failed": "bold white on red", "stopped": "yellow",
@@ -118,17 +128,24 @@ def table(state: RunState, width: int = 0) -> RenderableType:
     # Below 100 columns the headers take two lines, so all nine columns fit in 80.
     sep = " " if width >= 100 else "\n"
     grid = Table(box=None, padding=(0, 0, 0, 1), header_style="bold", expand=False)
+    hosts = len({r.host for r in rows}) > 1
+    if hosts:  # a job of several nodes: each host named once, above its ranks
+        grid.add_column("host", no_wrap=True, overflow="ellipsis", max_width=24, vertical="bottom")
     for name in ("rank", "step", "loss", f"step{sep}time", f"data{sep}wait", f"samples{sep}per s",
                  f"GPU{sep}alloc" if gpu else "RSS", "straggler"):
         grid.add_column(name, justify="right", no_wrap=True, vertical="bottom")
     grid.add_column("status", no_wrap=True, overflow="ellipsis")
+    shown_host = None
     for r in rows:
         slow = r.straggler is not None and r.straggler > STRAGGLER
+        host = [] if not hosts else [Text("" if r.host == shown_host else r.host or "?", "bold cyan")]
+        shown_host = r.host
         memory = fmt_bytes(r.memory) + (" rss" if gpu and r.memory_kind == "rss" else "")
         status = Text(r.status, STATUS_STYLES.get(r.status, ""))
         if r.detail:
             status.append(f" {r.detail}", "bold" if r.status == "failed" else "dim")
         grid.add_row(
+            *host,
             Text(str(r.rank), "bold red" if slow else "bold"),
             "—" if r.step is None else f"{r.step:,}",
             fmt_num(r.loss, 4),
@@ -169,6 +186,7 @@ def step_chart(state: RunState) -> tuple[Text, Chart]:
 def versions(state: RunState) -> tuple:
     """A cheap fingerprint of everything the tab reads, to skip unchanged redraws."""
     return (state.world_size, tuple(sorted(state.stalled.items())), tuple(state.rank_failures.items()),
+            tuple(sorted(state.hosts.items())),
             state.status.state if state.status is not None else None,
             tuple((rank, tuple(s.version for n, s in own.items() if rank_wants(n)))
                   for rank, own in sorted(state.rank_series.items())),
