@@ -102,7 +102,7 @@ class Engine:
         self.profiler = Profiler(self.run_dir / "profiles" if leads and self.run_dir else None, self.journal,
                                  config.profile_steps)
         self.controls = Controls(self.settings, self.journal, self.checkpointer.save, self.profiler.start, self.kill,
-                                 lambda: self.hooks.last_step_s, self.dist)
+                                 lambda: self.hooks.state.last_step_s, self.dist)
         if self.hub is not None:
             self.controls.refuse_partial = lambda: self.hub.partial
             self.controls.on_queued = self.hub.wake
@@ -135,7 +135,7 @@ class Engine:
         self.flusher = Flusher(self.recorder, self.journal, self.doctor, self.anomalies, self.naming,
                                system.SystemSampler(), self._publish, store=self.store,
                                push=None if self.primary else self.dist.push, ranks=self.ranks,
-                               interval=config.flush_interval, step_seconds=lambda: self.hooks.last_step_s,
+                               interval=config.flush_interval, step_seconds=lambda: self.hooks.state.last_step_s,
                                schedule=self.preview, budget=self.budget)
         self.flusher.push_layers = leads and not self.primary
         self._periodic = bool(config.checkpoint_every or config.checkpoint_every_s)
@@ -222,7 +222,7 @@ class Engine:
                 self.settings.lr_scale = float(scale)
         self.hooks.step = self.start_step
         self.journal.total_steps = self.config.steps
-        self.hooks.update_ratio_every = self.config.update_ratio_every
+        self.hooks.state.update_ratio_every = self.config.update_ratio_every
         if self.config.memory_history:
             system.memory_history_start()
         self.hooks.attach()
@@ -387,7 +387,7 @@ class Engine:
         if self._periodic and self.checkpointer.due(step):
             self.controls.request_checkpoint("periodic")
         # A profile window opens only at a boundary, whose step ends here again.
-        self.hooks.ends_wanted = self.profiler.wanted or self._periodic
+        self.hooks.state.ends_wanted = self.profiler.wanted or self._periodic
 
     # ------------------------------------------------------------- public API
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import math
 import time
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -59,7 +58,8 @@ from .loaders import Loaders
 from .manual import InferredSteps, ManualSteps
 from .patching import Patches
 from .stepend import StepEnd
-from .tracked import HANDOVER_STEPS, ClipNotes, Tracked
+from .stepstate import StepState
+from .tracked import HANDOVER_STEPS, Tracked
 
 _perf_counter = time.perf_counter
 _isfinite = math.isfinite
@@ -99,11 +99,11 @@ class Hooks(StepEnd, InferredSteps):
         self.discovery, self.anomalies, self.user_values = discovery, anomalies, user_values
         self._first_step, self._discovered_cb, self._step_end, self._no_step = first_step, discovered, step_end, no_step
         self._new_optimizer, self._handed_over = new_optimizer, handed_over
+        self.state = state = StepState()
+        """What the step boundary's parts share about the step under way (stepstate.py)."""
         self.loaders = Loaders()
-        self.loaders.began = self.began
+        self.loaders.began = state.began
         self.manual = ManualSteps()
-        self.step = 0
-        """Completed steps of the main optimizer (or inferred steps, with no optimizer)."""
         self.main: Tracked | None = None
         self._tracked: dict[int, Tracked] = {}
         """id(optimizer) -> its bookkeeping, for every optimizer that stepped."""
@@ -115,53 +115,20 @@ class Hooks(StepEnd, InferredSteps):
         self._module_state.hooks.append(self._forward_fn)
         self._forward_on = True
         """Whether the model's forward pre-hook is wanted (it is installed once a model is known)."""
-        # Per-step state, reset after each step of the main optimizer.
-        self._losses: list[torch.Tensor] = []
-        self._unscaled: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
-        """GradScaler-scaled losses waiting for their backward, and the loss before scaling."""
-        self.clip_notes = ClipNotes()
-        self._in_step = False
-        self._at_boundary = False
-        """Whether this step's commands have been applied (at the main's clip or step)."""
-        self._t_post: float | None = None
-        """When the step began: the previous step's end, or the first activity of step 1."""
-        self._t_forward: float | None = None
-        self._t_pre: float | None = None
-        self._inner = 0.0
-        """Time inside the step's closure (its forward and backward)."""
-        self._samples = 0
-        self.layer_params: list[torch.Tensor] = []
-        self._before: list[torch.Tensor] | None = None
-        self._before_params: list[torch.Tensor] | None = None
-        self.update_ratio_every = 100
         self._resume: FirstForward | None = None
         self._dist_checked = False
         self._discovered = False
-        self.last_step_s = 0.0
-        """Recent step duration (a moving average), for spacing the rank exchanges."""
-        self.grad_device = "cpu"
-        """Where the gradients live: off the CPU, non-finite checks wait for the flush."""
         self._budget = Budget()
-        self._own = 0.0
-        """ptdash's own time on the training thread since the last main record (budget.py)."""
-        self._extra = 0.0
-        """The part of ``_own`` spent sampling this step (norms, checks, ratios, doctor)."""
-        self._ratio_owed = False
-        """An update ratio fell due on a step that was not sampled: take it at the next one."""
-        self._lean: dict[int, Tracked] = {}
-        """id(optimizer) -> its bookkeeping, for the optimizers whose next step may take the
-        lean path (see ``_pre_step``): decided at each main step's end for the steps until the next."""
-        self._in_lean: Tracked | None = None
-        """The optimizer whose step under way took the lean path."""
-        self._pre_off = False
-        """Whether the pre-step hook is off (``skip_pre_step``)."""
-        self._skipping: dict[int, Tracked] | None = None
-        """Since the pre-step hook went off: the optimizers whose steps are lean without it,
-        until the next main step's end; None once a pre-step hook ran."""
-        self.ends_wanted = True
-        """Whether a lean step's end calls ``step_end`` (the full path always does): the
-        engine says after each call whether it has work at the next ones."""
         discovery.on_models.append(self._on_models)
+
+    @property
+    def step(self) -> int:
+        """Completed steps of the main optimizer (or inferred steps, with no optimizer)."""
+        return self.state.step
+
+    @step.setter
+    def step(self, step: int) -> None:
+        self.state.step = step
 
     @property
     def budget(self) -> Budget:
@@ -175,7 +142,7 @@ class Hooks(StepEnd, InferredSteps):
 
     def _period_changed(self) -> None:
         # A lean next step was decided under the old period: decide again at the step.
-        self._lean = {}
+        self.state.lean = {}
 
     # ------------------------------------------------------------ attach / detach
 
@@ -212,12 +179,13 @@ class Hooks(StepEnd, InferredSteps):
 
     def detach(self) -> None:
         """Undo everything ``attach`` did, newest first."""
+        state = self.state
         if self._resume is not None:
             self._resume.remove()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._pre_off, self._skipping = False, None
+        state.pre_off, state.skipping = False, None
         if self._model_hook is not None:
             self._model_hook.remove()
             self._model_hook = None
@@ -243,44 +211,42 @@ class Hooks(StepEnd, InferredSteps):
             self._model_hook = None
 
     def _on_forward(self, module, args) -> None:
-        if self._in_step or not torch.is_grad_enabled():
+        state = self.state
+        if state.in_step or not torch.is_grad_enabled():
             return  # a closure's forward, or an evaluation pass
         t_in = _perf_counter()
-        if self._t_forward is None:
-            self.began()
-            self._t_forward = t_in
+        if state.t_forward is None:
+            state.began()
+            state.t_forward = t_in
             self.loaders.mark_training()
         if args and isinstance(args[0], torch.Tensor):
             shape = args[0].shape
             if shape:
-                self._samples += shape[0]
-        self._own += _perf_counter() - t_in
+                state.samples += shape[0]
+        state.own += _perf_counter() - t_in
         controls = self.controls
-        if controls.has_work(self.step):
-            controls.at_save_point(self.step)
+        if controls.has_work(state.step):
+            controls.at_save_point(state.step)
 
     # ---------------------------------------------------------------- boundaries
 
-    def began(self) -> None:
-        """A batch, a forward or a backward: step 1 starts at the first of them."""
-        if self._t_post is None:
-            self._t_post = _perf_counter()
-
     def boundary(self) -> None:
         """The main step's boundary: apply queued commands, once per step, before its update."""
-        if self._at_boundary:
+        state = self.state
+        if state.at_boundary:
             return
-        self._at_boundary = True
+        state.at_boundary = True
         if not self._dist_checked:
             self._dist_checked = True
             self._first_step()
         controls = self.controls
-        if controls.has_work(self.step):
+        if controls.has_work(state.step):
             # Serve what the forward hook would have served (no model known, or not installed).
-            controls.at_save_point(self.step)
-            controls.at_step_start(self.step)
+            controls.at_save_point(state.step)
+            controls.at_step_start(state.step)
 
     def _tracked_for(self, opt) -> Tracked:
+        state = self.state
         tracked = self._tracked.get(id(opt))
         if tracked is None or tracked.ref() is not opt:
             main = self.main.ref() if self.main is not None else None
@@ -294,7 +260,7 @@ class Hooks(StepEnd, InferredSteps):
                 tracked = Tracked(opt, 1 + sum(t.index > 0 for t in self._tracked.values()))
                 self._new_optimizer(tracked.index, opt)
             self._tracked[id(opt)] = tracked
-        elif tracked.index and tracked.stepped_at == self.step and tracked.alone >= HANDOVER_STEPS - 1:
+        elif tracked.index and tracked.stepped_at == state.step and tracked.alone >= HANDOVER_STEPS - 1:
             self.hand_over(tracked)
         return tracked
 
@@ -303,10 +269,11 @@ class Hooks(StepEnd, InferredSteps):
         between: the training has moved on to it (a network's Adam phase, then LBFGS, the first
         optimizer still referenced), so it is the main one from this step (the steps before
         it were kept at the main step they followed), and the old main takes its index."""
+        state = self.state
         old = self.main
         tracked.index, old.index = 0, tracked.index
         self.main = tracked
-        self._lean = {}  # decided for the old roles
+        state.lean = {}  # decided for the old roles
         opt = tracked.ref()
         self.discovery.add(self.discovery.optimizers, opt)
         self._handed_over(opt, old.ref(), old.index)
@@ -314,31 +281,32 @@ class Hooks(StepEnd, InferredSteps):
     # ---------------------------------------------------------------- step hooks
 
     def _pre_step(self, opt, args, kwargs):
+        state = self.state
         t_in = _perf_counter()
-        self._skipping = None  # this step has its pre-step hook
-        lean = self._lean.get(id(opt)) if self._lean else None
-        if (lean is not None and len(args) == 1 and not kwargs and not self.clip_notes.notes
-                and not self.controls.has_work(self.step) and lean.ref() is opt):
+        state.skipping = None  # this step has its pre-step hook
+        lean = state.lean.get(id(opt)) if state.lean else None
+        if (lean is not None and len(args) == 1 and not kwargs and not state.clip_notes.notes
+                and not self.controls.has_work(state.step) and lean.ref() is opt):
             # The lean path: a step the budget does not sample, of an optimizer already known,
             # with no closure, no clip or LR override and nothing for the boundary to serve.
             # Only the loss is checked before the update (on CPU: a float was checked at its
             # backward, wrappers.py); the step is recorded at its end.
-            self._in_lean = lean
+            state.in_lean = lean
             if not lean.index:
-                self._in_step = self._at_boundary = True
-            losses = self._losses
+                state.in_step = state.at_boundary = True
+            losses = state.losses
             for loss in losses:
                 if type(loss) is not float and loss.is_cpu:
                     value = loss.item()
                     if not _isfinite(value):
-                        self._unmetered(self.anomalies.before_update, opt, self.step + 1, None, [])
-                        self._lean = {}  # commands may have been applied in its pause
+                        state.unmetered(self.anomalies.before_update, opt, state.step + 1, None, [])
+                        state.lean = {}  # commands may have been applied in its pause
                         break
                     if len(losses) == 1 and loss.dtype is not _FLOAT64:
                         # Read already: the record keeps the number, the flush copies nothing.
                         # (The flush reads losses as float32; a float64 one waits for it.)
-                        self._losses = [value]
-            self._own += _perf_counter() - t_in
+                        state.losses = [value]
+            state.own += _perf_counter() - t_in
             return None
         if self._resume is not None:
             self._resume, resume = None, self._resume
@@ -347,14 +315,14 @@ class Hooks(StepEnd, InferredSteps):
         main = tracked.index == 0
         closure = args[1] if len(args) > 1 else kwargs.get("closure") if kwargs else None
         if main:
-            self.began()
+            state.began()
             self.boundary()
-            if closure is not None and self.controls.has_work(self.step):
-                self.controls.at_save_point(self.step)
+            if closure is not None and self.controls.has_work(state.step):
+                self.controls.at_save_point(state.step)
             # ptdash's own time counts from here: the boundary may have paused or saved.
-            self._t_pre = t_in = _perf_counter()
-            self._in_step = True
-        tracked.closure_losses = len(self._losses) if closure is not None else None
+            state.t_pre = t_in = _perf_counter()
+            state.in_step = True
+        tracked.closure_losses = len(state.losses) if closure is not None else None
         result = None
         if closure is not None:
             wrapped = wrappers.wrap_closure(self, tracked, closure)
@@ -366,23 +334,24 @@ class Hooks(StepEnd, InferredSteps):
             self.grads_ready(tracked, True)
         if self.settings.lr_scale != 1.0:
             tracked.scale_lr(self.settings.lr_scale)
-        self._own += _perf_counter() - t_in
+        state.own += _perf_counter() - t_in
         return result
 
     def grads_ready(self, tracked: Tracked, measure: bool) -> None:
         """The step's gradients are final (before its update): norms, clip, checks."""
+        state = self.state
         opt = tracked.ref()
         override = self.settings.clip
-        note = self.clip_notes.take(tracked)
+        note = state.clip_notes.take(tracked)
         if not measure:  # a closure's later evaluations (LBFGS): clip only
             if override is not None and note is None:
                 params, _, total = tracked.measure()
                 metrics.clip_with_norm(params, override, total)
             return
         t0 = _perf_counter()
-        step = self.step + 1
+        step = state.step + 1
         main = tracked.index == 0
-        every = self.update_ratio_every
+        every = state.update_ratio_every
         if note is not None and note[1] is not None:
             params, per_tensor, total, tracked.clip_max = note
         elif note is None and override is None and step % self._budget.every:
@@ -390,9 +359,9 @@ class Hooks(StepEnd, InferredSteps):
             # loss is checked before the update; the gradients are checked on sampled steps.
             tracked.norms = None
             if every and step % every == 0:
-                self._ratio_owed = True
-            if tracked.closure_losses is None and not _finite_on_cpu(self._losses):
-                self._unmetered(self.anomalies.before_update, opt, step, None, [])
+                state.ratio_owed = True
+            if tracked.closure_losses is None and not _finite_on_cpu(state.losses):
+                state.unmetered(self.anomalies.before_update, opt, step, None, [])
             return
         else:
             params, per_tensor, total = tracked.measure()
@@ -402,26 +371,22 @@ class Hooks(StepEnd, InferredSteps):
                 metrics.clip_with_norm(params, override, total)
                 tracked.clip_max = override
         tracked.norms = (per_tensor, total, params)
-        if main:
-            self.layer_params = params
-            if self.doctor.watching:
-                self.doctor.on_pre_step(opt, step, params)
+        if main and self.doctor.watching:
+            self.doctor.on_pre_step(opt, step, params)
         if total.is_cpu:
             # On CPU reading two scalars waits for nothing, so a non-finite gradient is caught
             # before the update. On CUDA it would be a sync per step: the flusher reports it
             # there instead, a flush later.
             if tracked.closure_losses is None:
-                if not (_isfinite(total.item()) and _finite_on_cpu(self._losses)):
-                    self._extra += _perf_counter() - t0
-                    self._unmetered(self.anomalies.before_update, opt, step, per_tensor, params)
+                if not (_isfinite(total.item()) and _finite_on_cpu(state.losses)):
+                    state.extra += _perf_counter() - t0
+                    state.unmetered(self.anomalies.before_update, opt, step, per_tensor, params)
                     return
-        elif self.grad_device != total.device.type:
-            self.grad_device = total.device.type
-        if main and every and (step % every == 0 or self._ratio_owed) and params:
-            self._ratio_owed = False
-            self._before_params = params
-            self._before = metrics.snapshot(params)
-        self._extra += _perf_counter() - t0
+        if main and every and (step % every == 0 or state.ratio_owed) and params:
+            state.ratio_owed = False
+            state.before_params = params
+            state.before = metrics.snapshot(params)
+        state.extra += _perf_counter() - t0
 
     # ------------------------------------------------------ the pre-step hook off
 
@@ -436,23 +401,19 @@ class Hooks(StepEnd, InferredSteps):
         steps then take the full path); commands, checkpoints and stops are looked at when a
         main step ends, so one that comes in during a lean step is served a step later.
         """
+        state = self.state
         if self._handles:
-            if not self._pre_off:
+            if not state.pre_off:
                 self._handles[0].remove()
-                self._pre_off = True
-            self._skipping = self._lean
+                state.pre_off = True
+            state.skipping = state.lean
 
     def pre_step_back(self) -> None:
         """Put the pre-step hook back (training thread, never inside an optimizer's step hooks):
         the next step's pre-step hook takes the lean path or the full one, as it decides. A
         step under way that began without it is still known as one (``_skipping``) when it ends."""
-        if self._pre_off:
-            self._pre_off = False
+        state = self.state
+        if state.pre_off:
+            state.pre_off = False
             if self._handles:
                 self._handles[0] = register_optimizer_step_pre_hook(self._pre_step)
-
-    def _unmetered(self, fn, *args) -> None:
-        """Call ``fn`` (which may pause) without counting its time as ptdash's own."""
-        t0 = _perf_counter()
-        fn(*args)
-        self._own -= _perf_counter() - t0

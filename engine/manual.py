@@ -164,25 +164,28 @@ class InferredSteps:
 
     def manual_boundary(self) -> None:
         """An inferred step ended (the script cleared its gradients since the last backward)."""
-        per_tensor, total, params, clip_max = self.manual.end_of_step(self.clip_notes.notes, self.settings)
-        self._end_step(None, self._losses, total, per_tensor, params, clip_max, [], _perf_counter())
-        self._losses = []
+        state = self.state
+        per_tensor, total, params, clip_max = self.manual.end_of_step(state.clip_notes.notes, self.settings)
+        self._end_step(None, state.losses, total, per_tensor, params, clip_max, [], _perf_counter())
+        state.losses = []
         self.boundary()
 
     def end_manual_step(self) -> None:
         """The script ended: no next backward will end its last inferred step."""
-        if self.manual.active and self.main is None and self._losses:
-            per_tensor, total, params, clip_max = self.manual.end_of_step(self.clip_notes.notes, self.settings)
-            self._end_step(None, self._losses, total, per_tensor, params, clip_max, [], _perf_counter())
-            self._losses = []
+        state = self.state
+        if self.manual.active and self.main is None and state.losses:
+            per_tensor, total, params, clip_max = self.manual.end_of_step(state.clip_notes.notes, self.settings)
+            self._end_step(None, state.losses, total, per_tensor, params, clip_max, [], _perf_counter())
+            state.losses = []
 
     def after_manual_backward(self) -> None:
         """After a backward of an optimizer-less script: its norms, clip and finite check,
         timed as ptdash's own (the norm pass as the sampled part, budget.py)."""
+        state = self.state
         t0 = _perf_counter()
-        manual, step = self.manual, self.step
+        manual, step = self.manual, state.step
         sampled = (step + 1) % self._budget.every == 0
-        bad = manual.after_backward(self.settings, sampled, self._losses)
+        bad = manual.after_backward(self.settings, sampled, state.losses)
         paused = 0.0
         if bad is not None:  # may pause: not ptdash's time
             t_bad = _perf_counter()
@@ -190,9 +193,9 @@ class InferredSteps:
             paused = _perf_counter() - t_bad
         manual.sync()
         spent = _perf_counter() - t0 - paused
-        self._own += spent
+        state.own += spent
         if manual.norms is not None:
-            self._extra += spent
+            state.extra += spent
 
     def note_backward_without_step(self) -> None:
         """Count a backward while no step of any kind is known (the doctor says so once)."""

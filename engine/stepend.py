@@ -45,9 +45,10 @@ class StepEnd:
 
     def _post_step(self, opt, args, kwargs) -> None:
         """The global optimizer step post-hook, after every optimizer's update."""
-        lean = self._in_lean
-        if lean is None and self._skipping is not None:  # a lean step without the pre-step hook
-            lean = self._skipping.get(id(opt))
+        state = self.state
+        lean = state.in_lean
+        if lean is None and state.skipping is not None:  # a lean step without the pre-step hook
+            lean = state.skipping.get(id(opt))
             if lean is None or lean.ref() is not opt or len(args) > 1 or kwargs:
                 # An optimizer the lean steps did not expect (a new one), or a closure: the
                 # full path records it (a closure's first loss), and the hook is back.
@@ -60,35 +61,35 @@ class StepEnd:
             # here, not in a method of its own: a call costs microseconds once a step, when
             # caches are cold.
             now = _perf_counter()
-            self._in_lean = None
-            losses, self._losses = self._losses, []
+            state.in_lean = None
+            losses, state.losses = state.losses, []
             lrs = list(map(_LR, opt.param_groups))
             if (type(lrs[0]) is not float or len(lrs) > 1) and set(map(type, lrs)) != _FLOAT:
                 lrs = _held(lrs)
             if lean.index:  # another optimizer's step, at the main step it follows
-                self.recorder.add(_record((self.step, time.time(), losses, None, None, None, None, lrs, None,
+                self.recorder.add(_record((state.step, time.time(), losses, None, None, None, None, lrs, None,
                                            0, None, None, lean.index, 0.0, 0.0)))
-                if lean.stepped_alone(self.step) >= HANDOVER_STEPS:  # it is the main one from its next step
+                if lean.stepped_alone(state.step) >= HANDOVER_STEPS:  # it is the main one from its next step
                     self.hand_over(lean)
                     self.pre_step_back()
-                self._own += _perf_counter() - now
+                state.own += _perf_counter() - now
                 return
-            step = self.step + 1
-            start = self._t_post
+            step = state.step + 1
+            start = state.t_post
             user = self.user_values
             user = user.take() if user.pending else None
             t_record = _perf_counter()
             self.recorder.add(_record((step, time.time(), losses, None, None, None, None, lrs,
                                        (start, None, None, now, None, 0.0), 0, None, user, 0,
-                                       self._own + t_record - now, 0.0)))
-            self.last_step_s = 0.9 * self.last_step_s + 0.1 * (now - start)
-            self.step = step
-            self._in_step = self._at_boundary = False
-            self._t_post = now
+                                       state.own + t_record - now, 0.0)))
+            state.last_step_s = 0.9 * state.last_step_s + 0.1 * (now - start)
+            state.step = step
+            state.in_step = state.at_boundary = False
+            state.t_post = now
             doctor = self.doctor
             if step >= doctor.post_from:
                 doctor.on_post_step(opt, step)
-            if self.ends_wanted:
+            if state.ends_wanted:
                 self._step_end(step)
             pending = self.controls.pending
             every = self._budget.every
@@ -96,22 +97,22 @@ class StepEnd:
             # fall due in ``_step_end``, and the doctor may watch the next step.
             if doctor.watching or pending.checkpoint or pending.stop is not None or not (step + 1) % every:
                 self._next_step(opt, step)
-            elif self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
-                self._ratio_owed = True
+            elif state.update_ratio_every and (step + 1) % state.update_ratio_every == 0:
+                state.ratio_owed = True
             # A lean step after a lean step: the pre-step hook has nothing to do (hooks.py);
             # after micro-batches it would check the CPU ones, and be put back at each step.
-            if self._lean and len(losses) < 2 and not self.controls.has_work(step):
+            if state.lean and len(losses) < 2 and not self.controls.has_work(step):
                 self.skip_pre_step()
             else:
                 self.pre_step_back()
-            self._own = _perf_counter() - t_record
+            state.own = _perf_counter() - t_record
             return
         tracked = self._tracked.get(id(opt))
         if tracked is None or tracked.ref() is not opt:
             return
         lrs = tracked.restore_lr()
         now = _perf_counter()
-        losses, self._losses = self._losses, []
+        losses, state.losses = state.losses, []
         index = tracked.closure_losses
         if index is not None:  # a closure: the loss of its first evaluation
             losses = losses[index:index + 1] if len(losses) > index else losses[:index]
@@ -122,24 +123,25 @@ class StepEnd:
         per_tensor, total, params = tracked.norms if tracked.norms is not None else (None, None, None)
         clip_max, tracked.norms, tracked.clip_max = tracked.clip_max, None, None
         if tracked.index:
-            self.recorder.add(StepRecord(self.step, time.time(), losses, total, None, None, clip_max, lrs, None,
+            self.recorder.add(StepRecord(state.step, time.time(), losses, total, None, None, clip_max, lrs, None,
                                          0, None, None, tracked.index))
-            tracked.stepped_alone(self.step)
-            self._own += _perf_counter() - now
+            tracked.stepped_alone(state.step)
+            state.own += _perf_counter() - now
             return
         self._end_step(opt, losses, total, per_tensor, params, clip_max, lrs, now)
 
     def _end_step(self, opt, losses, total, per_tensor, params, clip_max, lrs, now: float) -> None:
         """Record the main step that just ended (``opt`` None: an inferred one) and get ready
         for the next."""
-        step = self.step + 1
+        state = self.state
+        step = state.step + 1
         ratios = None
-        if self._before is not None:
+        if state.before is not None:
             t0 = _perf_counter()
-            ratios = metrics.update_ratio(self._before, metrics.ratio_samples(self._before_params))
-            self._before = self._before_params = None
-            self._extra += _perf_counter() - t0
-        start = self._t_post if self._t_post is not None else now
+            ratios = metrics.update_ratio(state.before, metrics.ratio_samples(state.before_params))
+            state.before = state.before_params = None
+            state.extra += _perf_counter() - t0
+        start = state.t_post if state.t_post is not None else now
         waits = self.loaders.take_waits() if self.loaders.timing else None
         if not self._discovered and not self.discovery.models:
             # Before the record: its layers are named after the models found here.
@@ -147,22 +149,22 @@ class StepEnd:
         t_record = _perf_counter()
         self.recorder.add(_record((
             step, time.time(), losses, total, per_tensor, params if per_tensor is not None else None, clip_max, lrs,
-            (start, self._t_forward, self._t_pre, now, waits, self._inner), self._samples, ratios,
+            (start, state.t_forward, state.t_pre, now, waits, state.inner), state.samples, ratios,
             self.user_values.take() if self.user_values.pending else None, 0,
-            self._own + t_record - now, self._extra)))
-        self._extra = 0.0
+            state.own + t_record - now, state.extra)))
+        state.extra = 0.0
         step_s = now - start
-        self.last_step_s = 0.9 * self.last_step_s + 0.1 * step_s if self.last_step_s else step_s
+        state.last_step_s = 0.9 * state.last_step_s + 0.1 * step_s if state.last_step_s else step_s
         doctor = self.doctor
         if step >= doctor.post_from:
             doctor.on_post_step(opt, step)
-        self.step = step
+        state.step = step
         if self.main is None:
             self.manual.backwards = 0
-        self._in_step = self._at_boundary = False
-        if self.clip_notes.notes:
-            self.clip_notes.keep_for([t for t in self._tracked.values() if t.index])
-        self._t_post, self._t_forward, self._t_pre, self._inner, self._samples = now, None, None, 0.0, 0
+        state.in_step = state.at_boundary = False
+        if state.clip_notes.notes:
+            state.clip_notes.keep_for([t for t in self._tracked.values() if t.index])
+        state.t_post, state.t_forward, state.t_pre, state.inner, state.samples = now, None, None, 0.0, 0
         once = 0.0
         if not self._discovered:  # the first step of this process (a resumed run starts at N)
             self._discovered = True
@@ -172,10 +174,11 @@ class StepEnd:
         self._step_end(step)
         self._next_step(opt, step)
         # What this step's end cost after its record is counted with the next step.
-        self._own = _perf_counter() - t_record - once
+        state.own = _perf_counter() - t_record - once
 
     def _next_step(self, opt, step: int) -> None:
         """Get the hooks ready for step ``step + 1``: the forward hook, and its path."""
+        state = self.state
         # The forward hook times the step's compute and serves checkpoints at the start of
         # a step: it is installed for the steps the doctor watches and when a save is due.
         doctor = self.doctor
@@ -188,9 +191,9 @@ class StepEnd:
         lean = (opt is not None and (step + 1) % every != 0
                 and not want and settings.clip is None and settings.lr_scale == 1.0)
         # Another optimizer's step after this one is sampled with the next main step (both
-        # read ``self.step + 1``), so the same decision holds for it.
-        self._lean = dict(self._tracked) if lean else {}
+        # read ``state.step + 1``), so the same decision holds for it.
+        state.lean = dict(self._tracked) if lean else {}
         if every != self._budget.every:  # the flusher changed it meanwhile: decide at the step
-            self._lean = {}
-        if self.update_ratio_every and (step + 1) % self.update_ratio_every == 0:
-            self._ratio_owed = True  # taken at the next sampled step
+            state.lean = {}
+        if state.update_ratio_every and (step + 1) % state.update_ratio_every == 0:
+            state.ratio_owed = True  # taken at the next sampled step

@@ -247,7 +247,7 @@ def attach(engine, link, early: EarlySignals | None) -> Unattended:
         diskspace.NOTICE.sinks.append(link.notice)
     hooks, controls = engine.hooks, engine.controls
     signals = not (engine.dist.multi or multi_rank())
-    return Unattended(controls.submit, engine.journal.event, lambda: hooks.step, lambda: hooks._in_step,
+    return Unattended(controls.submit, engine.journal.event, lambda: hooks.step, lambda: hooks.state.in_step,
                       lambda: controls.paused, engine.checkpointer.save, link=link,
                       pause_timeout=engine.config.pause_timeout if engine.primary else None, early=early,
                       signals=signals)

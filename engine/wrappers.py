@@ -9,8 +9,9 @@
   live clip value overrides the script's, and the pre-clip norm is kept;
 - an ``optimizer.step(closure)``'s closure: timed, and clipped after each evaluation.
 
-Each wrapper reads and writes the per-step state of a ``hooks.Hooks``; each is marked
-``own`` so warnings and tracebacks skip its frame.
+Each wrapper reads and writes the per-step state the step boundary's parts share
+(``hooks.Hooks.state``, stepstate.py); each is marked ``own`` so warnings and tracebacks
+skip its frame.
 """
 
 from __future__ import annotations
@@ -31,18 +32,18 @@ MAX_LOSSES = 64
 """Loss references kept for one step; beyond this they are added up on the device."""
 
 
-def _keep(hooks, loss: torch.Tensor) -> None:
+def _keep(state, loss: torch.Tensor) -> None:
     """Keep a detached reference to the step's loss (no copy)."""
-    losses = hooks._losses
+    losses = state.losses
     losses.append(loss.detach())
     if len(losses) > MAX_LOSSES:  # beyond this they are added up on the device
-        hooks._losses = [metrics.fold(losses)]
+        state.losses = [metrics.fold(losses)]
 
 
 def wrap_backward(hooks, original):
     """``torch.autograd.backward`` that keeps the loss: a detached reference, no copy; on
     the lean path (a step the budget does not sample), a CPU loss is read at once instead."""
-    doctor, manual, Tensor = hooks.doctor, hooks.manual, torch.Tensor
+    doctor, manual, state, Tensor = hooks.doctor, hooks.manual, hooks.state, torch.Tensor
 
     @own
     def backward(tensors, *args, **kwargs):
@@ -51,29 +52,29 @@ def wrap_backward(hooks, original):
         if not isinstance(t, Tensor):
             t = t[0] if isinstance(t, (list, tuple)) and len(t) == 1 else None
         loss = t if isinstance(t, Tensor) and t.numel() == 1 else None
-        if hooks._lean and not hooks._unscaled:
+        if state.lean and not state.unscaled:
             # The next step may take the lean path (stepend.py): a known optimizer, nothing
             # watched or sampled, so nothing else here applies. A CPU loss is read now: no
             # reference is kept and its pre-update check is done (a non-finite one sends the
             # step down the full path, whose check stops it). Each tensor call costs
             # microseconds when caches are cold, as they are once a step: this makes one.
             if loss is not None:
-                if not hooks._losses and loss.is_cpu and loss.dtype is not _FLOAT64:
+                if not state.losses and loss.is_cpu and loss.dtype is not _FLOAT64:
                     value = loss.item()
-                    hooks._losses.append(value)
+                    state.losses.append(value)
                     if not _isfinite(value):
-                        hooks._lean = {}
+                        state.lean = {}
                         hooks.pre_step_back()
                 else:
-                    _keep(hooks, loss)
-                    if hooks._pre_off and loss.is_cpu:
+                    _keep(state, loss)
+                    if state.pre_off and loss.is_cpu:
                         hooks.pre_step_back()  # the pre-step hook checks it before the update
-            hooks._own += _perf_counter() - t_in
+            state.own += _perf_counter() - t_in
             return original(tensors, *args, **kwargs)
-        if hooks._pre_off:
+        if state.pre_off:
             hooks.pre_step_back()
-        if hooks._t_post is None:
-            hooks.began()
+        if state.t_post is None:
+            state.began()
         inferred = hooks.main is None and hooks.optimizer_less()
         if inferred and loss is not None and loss.grad_fn is not None:
             # No optimizer exists: perhaps the script updates its parameters itself.
@@ -81,20 +82,20 @@ def wrap_backward(hooks, original):
             if manual.starts_step(loss):
                 # The step's record counts ptdash's time so far, and times its own end (a
                 # pause or a save at the boundary is not ptdash's): the clock restarts after.
-                hooks._own += _perf_counter() - t_in
+                state.own += _perf_counter() - t_in
                 hooks.manual_boundary()
                 t_in = _perf_counter()
             elif first and manual.params:
                 manual.order(manual.models())
         if loss is not None:
-            if hooks._unscaled:
-                ref, raw = hooks._unscaled.pop(id(loss), (None, None))
+            if state.unscaled:
+                ref, raw = state.unscaled.pop(id(loss), (None, None))
                 if ref is not None and ref() is loss:
                     loss = raw
-            _keep(hooks, loss)
+            _keep(state, loss)
         if doctor.watching:
             doctor.on_backward()
-        hooks._own += _perf_counter() - t_in
+        state.own += _perf_counter() - t_in
         result = original(tensors, *args, **kwargs)
         if hooks.main is None:
             if inferred and manual.params:
@@ -108,14 +109,15 @@ def wrap_backward(hooks, original):
 
 def wrap_scale(hooks, original):
     """``GradScaler.scale`` that remembers the loss before scaling, for the loss chart."""
+    state = hooks.state
 
     @own
     def scale(scaler, outputs):
         scaled = original(scaler, outputs)
         if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor) and outputs.numel() == 1:
-            if len(hooks._unscaled) > 64:  # scaled losses that never ran backward
-                hooks._unscaled.clear()
-            hooks._unscaled[id(scaled)] = (weakref.ref(scaled), outputs.detach())
+            if len(state.unscaled) > 64:  # scaled losses that never ran backward
+                state.unscaled.clear()
+            state.unscaled[id(scaled)] = (weakref.ref(scaled), outputs.detach())
         return scaled
 
     scale.__wrapped__ = original
@@ -124,21 +126,21 @@ def wrap_scale(hooks, original):
 
 def wrap_zero_grad(hooks, original):
     """``Optimizer.zero_grad``: drops what a skipped step left, and tells the doctor."""
-    doctor = hooks.doctor
+    doctor, state = hooks.doctor, hooks.state
 
     @own
     def zero_grad(opt, *args, **kwargs):
         t_in = _perf_counter()
-        if hooks._losses or hooks.clip_notes.notes:
+        if state.losses or state.clip_notes.notes:
             main = hooks.main
-            if not hooks._in_step and (main is None or main.ref() is opt):
+            if not state.in_step and (main is None or main.ref() is opt):
                 # What a skipped step left behind (GradScaler's, or the script's own: no
                 # optimizer hook fired) must not be counted in the next step.
-                hooks._losses = []
-                hooks.clip_notes.clear()
+                state.losses = []
+                state.clip_notes.clear()
         if doctor.watching:
             doctor.on_zero_grad(opt)
-        hooks._own += _perf_counter() - t_in
+        state.own += _perf_counter() - t_in
         return original(opt, *args, **kwargs)
 
     zero_grad.__wrapped__ = original
@@ -147,15 +149,17 @@ def wrap_zero_grad(hooks, original):
 
 def _at_clip(hooks, params: list) -> None:
     """A clip call of the main optimizer's parameters is its step's boundary."""
-    if hooks._pre_off:
+    state = hooks.state
+    if state.pre_off:
         hooks.pre_step_back()  # a clip's norms are recorded by the pre-step hook
     main = hooks.main
-    if main is not None and not hooks._at_boundary and main.owns(params):
+    if main is not None and not state.at_boundary and main.owns(params):
         hooks.boundary()
 
 
 def wrap_clip(hooks, original):
     """``clip_grad_norm_`` with the live clip override, measuring the norms once for both."""
+    state = hooks.state
 
     @torch.no_grad()
     @own
@@ -167,12 +171,12 @@ def wrap_clip(hooks, original):
         if error_if_nonfinite:
             # Rare; keep torch's own error path exactly.
             total = original(params, effective, norm_type, error_if_nonfinite, foreach)
-            hooks.clip_notes.add(params, None, total, effective)
+            state.clip_notes.add(params, None, total, effective)
             return total
         with_grad = [p for p in params if p.grad is not None]
         per_tensor, total = metrics.grad_norms([p.grad for p in with_grad], norm_type, foreach)
         metrics.clip_with_norm(params, effective, total, foreach)
-        hooks.clip_notes.add(with_grad, per_tensor, total, effective)
+        state.clip_notes.add(with_grad, per_tensor, total, effective)
         return total
 
     clip_grad_norm_.__wrapped__ = original
@@ -181,6 +185,7 @@ def wrap_clip(hooks, original):
 
 def wrap_clip_with_norm(hooks, original):
     """``clip_grads_with_norm_`` (the two-step API) with the live clip override."""
+    state = hooks.state
 
     @own
     def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None):
@@ -188,7 +193,7 @@ def wrap_clip_with_norm(hooks, original):
         _at_clip(hooks, params)
         override = hooks.settings.clip
         effective = float(max_norm) if override is None else override
-        hooks.clip_notes.add(params, None, total_norm, effective)
+        state.clip_notes.add(params, None, total_norm, effective)
         return original(params, effective, total_norm, foreach)
 
     clip_grads_with_norm_.__wrapped__ = original
@@ -198,7 +203,7 @@ def wrap_clip_with_norm(hooks, original):
 def wrap_closure(hooks, tracked, closure):
     """The closure of ``optimizer.step(closure)``, timed; clipped after every evaluation
     (LBFGS evaluates it several times per step), its first evaluation measured."""
-    calls = 0
+    calls, state = 0, hooks.state
 
     @own
     def ptdash_closure():
@@ -206,11 +211,11 @@ def wrap_closure(hooks, tracked, closure):
         t0 = _perf_counter()
         loss = closure()
         if tracked.index == 0:
-            hooks._inner += _perf_counter() - t0
+            state.inner += _perf_counter() - t0
         calls += 1
         t1 = _perf_counter()
         hooks.grads_ready(tracked, measure=calls == 1)
-        hooks._own += _perf_counter() - t1
+        state.own += _perf_counter() - t1
         return loss
 
     return ptdash_closure

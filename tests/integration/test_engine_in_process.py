@@ -97,9 +97,9 @@ def test_a_flush_interval_the_user_set_is_kept_while_the_budget_thins(tmp_path):
     try:
         engine.budget.every = 8
         assert engine.flusher.wait_s() == 0.1
-        engine.hooks.last_step_s = 0.05  # slow steps: four to a flush
+        engine.hooks.state.last_step_s = 0.05  # slow steps: four to a flush
         assert engine.flusher.wait_s() == pytest.approx(0.2)
-        engine.hooks.last_step_s = 2.0
+        engine.hooks.state.last_step_s = 2.0
         assert engine.flusher.wait_s() == 1.0  # at most a second, however slow
     finally:
         engine.finish("finished", 0)
@@ -232,7 +232,7 @@ def test_a_gans_two_optimizers_both_take_the_lean_path_and_keep_every_loss_and_l
             opt_g.zero_grad()
             g_loss = bce(disc(fake), ones)
             if planted is None and thinned_at is not None and step >= thinned_at + 100 and \
-                    (step + 1) % engine.budget.every and len(engine.hooks._lean) == 2:
+                    (step + 1) % engine.budget.every and len(engine.hooks.state.lean) == 2:
                 g_loss, planted = g_loss * float("nan"), step
                 before = [p.detach().clone() for p in gen.parameters()]
             g_loss.backward()
@@ -241,7 +241,7 @@ def test_a_gans_two_optimizers_both_take_the_lean_path_and_keep_every_loss_and_l
                 assert all(torch.equal(a, b) for a, b in zip(before, gen.parameters()))  # skipped
             d_seen.append(d_loss.detach().float().item())
             g_seen.append(g_loss.detach().float().item())
-            both_lean = both_lean or len(engine.hooks._lean) == 2
+            both_lean = both_lean or len(engine.hooks.state.lean) == 2
             if thinned_at is None and engine.budget.every > 1:
                 thinned_at = len(d_seen)
             assert len(d_seen) < 1_000_000, "the budget never thinned the sampling"
@@ -307,7 +307,7 @@ def test_a_thinned_step_of_two_micro_batches_stores_their_sum(tmp_path):
             halves = [torch.nn.functional.mse_loss(model(x[k]), y[k]) / 2 for k in range(2)]
             torch.autograd.backward([halves[0]])
             halves[1].backward()
-            read_early += type(engine.hooks._losses[0]) is float
+            read_early += type(engine.hooks.state.losses[0]) is float
             opt.step()
             seen.append((halves[0].detach() + halves[1].detach()).item())
     finally:
@@ -357,11 +357,11 @@ def test_a_profile_asked_while_steps_are_thinned_records_its_steps_and_ends(tmp_
     try:
         for _ in _until_thinned(engine, 5):
             _train(1)
-        assert not engine.hooks.ends_wanted
+        assert not engine.hooks.state.ends_wanted
         engine.controls.submit(Command(id="p", name="profile", value=3))
         at = engine.hooks.step
         _train(20)
-        assert engine.profiler._current is None and not engine.hooks.ends_wanted
+        assert engine.profiler._current is None and not engine.hooks.state.ends_wanted
         wait_for(lambda: list((run_dir / "profiles").glob(f"profile-step{at + 1}-{at + 3}.json")), 60,
                  what="the profile's trace")
     finally:
@@ -410,7 +410,7 @@ def test_thinned_steps_fetch_batches_through_torchs_own_next_and_the_doctors_ste
 def _until_skipping(engine, more: int):
     """0, 1, 2, ...: until lean steps run without the pre-step hook, then ``more`` more."""
     for i in _until_thinned(engine, 10_000_000):
-        if engine.hooks._pre_off:
+        if engine.hooks.state.pre_off:
             break
         assert i < 100_000, "the pre-step hook never went off"
         yield i
@@ -426,7 +426,7 @@ def test_a_clip_sent_while_the_pre_step_hook_is_off_clips_the_update_of_the_step
     moved, sent_at = {}, None
     try:
         for i in _until_skipping(engine, 12):
-            if sent_at is None and engine.hooks._pre_off:
+            if sent_at is None and engine.hooks.state.pre_off:
                 engine.controls.submit(Command(id="c", name="clip", value=1e-3))
                 sent_at = engine.hooks.step
             before = [p.detach().clone() for p in model.parameters()]
@@ -461,7 +461,7 @@ def test_an_optimizer_made_while_the_pre_step_hook_is_off_has_every_step_recorde
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
-            if first is None and engine.hooks._pre_off:
+            if first is None and engine.hooks.state.pre_off:
                 head_opt, first = torch.optim.SGD(head.parameters(), lr=0.01), engine.hooks.step
             if first is not None:
                 head_opt.zero_grad()
@@ -508,7 +508,7 @@ def test_an_lbfgs_that_takes_over_after_lean_steps_records_each_steps_first_eval
     seen, lbfgs_steps, evaluations = [], 0, 0
     try:
         for i in _until_skipping(engine, 30):
-            if not engine.hooks._pre_off and not lbfgs_steps:
+            if not engine.hooks.state.pre_off and not lbfgs_steps:
                 seen.append(_plain_step(opt, model, x, y))
                 continue
             if not lbfgs_steps:
@@ -531,7 +531,7 @@ def test_a_clip_that_starts_after_lean_steps_is_seen_from_its_first_step(tmp_pat
     norms, first = [], None
     try:
         for i in _until_skipping(engine, 30):
-            if first is None and engine.hooks._pre_off:
+            if first is None and engine.hooks.state.pre_off:
                 first = engine.hooks.step + 1
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
@@ -554,7 +554,7 @@ def test_a_clip_and_a_scaler_that_start_after_lean_steps_are_seen_from_their_fir
     seen, norms, first = [], [], None
     try:
         for i in _until_skipping(engine, 60):
-            if first is None and engine.hooks._pre_off:
+            if first is None and engine.hooks.state.pre_off:
                 first = engine.hooks.step + 1
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)
@@ -589,12 +589,12 @@ def test_a_nan_micro_batch_while_the_pre_step_hook_is_off_is_caught_before_the_u
         for i in _until_skipping(engine, 20):
             opt.zero_grad()
             halves = [torch.nn.functional.mse_loss(model(x[k]), y[k]) / 2 for k in range(2)]
-            if planted is None and not engine.hooks._pre_off:
+            if planted is None and not engine.hooks.state.pre_off:
                 (halves[0] + halves[1]).backward()  # the same loss, in one backward
                 opt.step()
                 continue
             if planted is None:
-                assert engine.hooks._lean  # the step is lean, without its pre-step hook
+                assert engine.hooks.state.lean  # the step is lean, without its pre-step hook
                 k = 0 if which == "first" else 1
                 halves[k], planted = halves[k] * float("nan"), engine.hooks.step + 1
                 before = [p.detach().clone() for p in model.parameters()]
@@ -656,7 +656,7 @@ def test_the_second_optimizer_of_thinned_steps_becomes_the_main_one_when_the_fir
     both, alone, head_losses, off_at = 0, 0, [], None
     try:
         for i in _until_skipping(engine, 200):
-            if off_at is None and engine.hooks._pre_off:
+            if off_at is None and engine.hooks.state.pre_off:
                 off_at = i
             if off_at is None or i < off_at + 100:  # the head alone for the last 100
                 body_opt.zero_grad()
