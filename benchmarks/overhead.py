@@ -441,8 +441,8 @@ class HookClock:
 
     def __init__(self, hooks) -> None:
         self.ns = 0
-        for name in ("_pre_step", "_post_step", "_on_forward"):
-            setattr(hooks, name, self._clocked(getattr(hooks, name), +1))
+        for owner, name in self._step_hooks(hooks):
+            setattr(owner, name, self._clocked(getattr(owner, name), +1))
         from ptdash import wrappers
 
         # The wrappers are made at attach time from these module functions; ``close``
@@ -457,9 +457,14 @@ class HookClock:
         """Stop clocking from the next attach on (``hooks``: also its step hooks)."""
         for name, factory in self._factories.items():
             setattr(self._wrappers, name, factory)
-        for name in ("_pre_step", "_post_step", "_on_forward"):
-            if hooks is not None and name in vars(hooks):
-                delattr(hooks, name)  # the class's own method again
+        for owner, name in self._step_hooks(hooks) if hooks is not None else ():
+            if name in vars(owner):
+                delattr(owner, name)  # the class's own method again
+
+    @staticmethod
+    def _step_hooks(hooks) -> list:
+        """The optimizer step hooks and the forward hook: (the part that registers it, its name)."""
+        return [(hooks.pre, "pre_step"), (hooks, "_post_step"), (hooks, "_on_forward")]
 
     def _clocked(self, fn, sign: int):
         """``fn`` with its time added to (+1) or taken from (-1, torch's own part) the clock."""

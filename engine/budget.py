@@ -35,7 +35,7 @@ of this process have been seen.
 CPU its pre-update finite check), the LRs, ``ptdash.log`` values, the total norm and
 per-layer norms when the script's clip (or a ``--clip``/live clip) computes them, and the
 commands at the step boundary (a command that comes in during a lean step that runs without
-the pre-step hook, hooks.py, is applied at the next step's boundary: a step later at most;
+the pre-step hook, prestep.py, is applied at the next step's boundary: a step later at most;
 its answer names the step). ``k`` is at most K_MAX.
 """
 

@@ -114,8 +114,7 @@ class Engine:
         self.anomalies.judge_loss = leads  # the loss is the run's: rank 0 judges it once
         self.hooks = Hooks(self.settings, self.controls, self.recorder, self.doctor, self.discovery, self.anomalies,
                            self.user_values, self._first_step, self._discovered, self._step_end, self._no_step,
-                           self._new_optimizer, self._handed_over)
-        self.hooks.budget = self.budget
+                           self._new_optimizer, self._handed_over, budget=self.budget)
         self.naming = LayerNaming(self.discovery)
         self._patches = Patches()
         """The engine's own patches (the resumed run's scheduler guard)."""

@@ -108,7 +108,7 @@ class ManualSteps:
         is not finite (on CPU: exact), else None. The caller then calls ``sync``.
 
         On a step the budget does not sample only the latest loss is checked, as on an
-        optimizer's lean path (hooks.py); the script's own clip, if it clips, gives the
+        optimizer's lean path (prestep.py); the script's own clip, if it clips, gives the
         step's norms anyway (``end_of_step``).
         """
         params = [p for p in self.params or () if p.grad is not None]
@@ -168,12 +168,12 @@ class InferredSteps:
         per_tensor, total, params, clip_max = self.manual.end_of_step(state.clip_notes.notes, self.settings)
         self._end_step(None, state.losses, total, per_tensor, params, clip_max, [], _perf_counter())
         state.losses = []
-        self.boundary()
+        self.pre.boundary()
 
     def end_manual_step(self) -> None:
         """The script ended: no next backward will end its last inferred step."""
         state = self.state
-        if self.manual.active and self.main is None and state.losses:
+        if self.manual.active and self.optimizers.main is None and state.losses:
             per_tensor, total, params, clip_max = self.manual.end_of_step(state.clip_notes.notes, self.settings)
             self._end_step(None, state.losses, total, per_tensor, params, clip_max, [], _perf_counter())
             state.losses = []

@@ -44,7 +44,7 @@ class StepRecord(NamedTuple):
     losses: list
     """The step's loss tensors, one per micro-batch, added up (left to right) at the flush;
     or the one loss's value as a float, when the training thread read it already (the
-    CPU loss of a lean step, hooks.py)."""
+    CPU loss of a lean step, wrappers.py and prestep.py)."""
     total: Any
     """The total gradient norm (a 0-d tensor), or None."""
     layers: Any

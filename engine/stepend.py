@@ -52,11 +52,11 @@ class StepEnd:
             if lean is None or lean.ref() is not opt or len(args) > 1 or kwargs:
                 # An optimizer the lean steps did not expect (a new one), or a closure: the
                 # full path records it (a closure's first loss), and the hook is back.
-                self.pre_step_back()
+                self.pre.put_back()
                 lean = None
-                self._tracked_for(opt).closure_losses = 0 if len(args) > 1 or kwargs else None
+                self.optimizers.track(opt).closure_losses = 0 if len(args) > 1 or kwargs else None
         if lean is not None:
-            # The end of a lean step (see ``_pre_step``): nothing was sampled, timed or served,
+            # The end of a lean step (see ``PreStep.pre_step``): nothing was sampled, timed or served,
             # so only the record, the counters and the next step's path are left. Written out
             # here, not in a method of its own: a call costs microseconds once a step, when
             # caches are cold.
@@ -70,8 +70,8 @@ class StepEnd:
                 self.recorder.add(_record((state.step, time.time(), losses, None, None, None, None, lrs, None,
                                            0, None, None, lean.index, 0.0, 0.0)))
                 if lean.stepped_alone(state.step) >= HANDOVER_STEPS:  # it is the main one from its next step
-                    self.hand_over(lean)
-                    self.pre_step_back()
+                    self.optimizers.hand_over(lean)
+                    self.pre.put_back()
                 state.own += _perf_counter() - now
                 return
             step = state.step + 1
@@ -99,15 +99,15 @@ class StepEnd:
                 self._next_step(opt, step)
             elif state.update_ratio_every and (step + 1) % state.update_ratio_every == 0:
                 state.ratio_owed = True
-            # A lean step after a lean step: the pre-step hook has nothing to do (hooks.py);
+            # A lean step after a lean step: the pre-step hook has nothing to do (prestep.py);
             # after micro-batches it would check the CPU ones, and be put back at each step.
             if state.lean and len(losses) < 2 and not self.controls.has_work(step):
-                self.skip_pre_step()
+                self.pre.take_off()
             else:
-                self.pre_step_back()
+                self.pre.put_back()
             state.own = _perf_counter() - t_record
             return
-        tracked = self._tracked.get(id(opt))
+        tracked = self.optimizers.by_id.get(id(opt))
         if tracked is None or tracked.ref() is not opt:
             return
         lrs = tracked.restore_lr()
@@ -159,11 +159,11 @@ class StepEnd:
         if step >= doctor.post_from:
             doctor.on_post_step(opt, step)
         state.step = step
-        if self.main is None:
+        if self.optimizers.main is None:
             self.manual.backwards = 0
         state.in_step = state.at_boundary = False
         if state.clip_notes.notes:
-            state.clip_notes.keep_for([t for t in self._tracked.values() if t.index])
+            state.clip_notes.keep_for([t for t in self.optimizers.by_id.values() if t.index])
         state.t_post, state.t_forward, state.t_pre, state.inner, state.samples = now, None, None, 0.0, 0
         once = 0.0
         if not self._discovered:  # the first step of this process (a resumed run starts at N)
@@ -192,7 +192,7 @@ class StepEnd:
                 and not want and settings.clip is None and settings.lr_scale == 1.0)
         # Another optimizer's step after this one is sampled with the next main step (both
         # read ``state.step + 1``), so the same decision holds for it.
-        state.lean = dict(self._tracked) if lean else {}
+        state.lean = dict(self.optimizers.by_id) if lean else {}
         if every != self._budget.every:  # the flusher changed it meanwhile: decide at the step
             state.lean = {}
         if state.update_ratio_every and (step + 1) % state.update_ratio_every == 0:

@@ -1,5 +1,6 @@
-"""One optimizer's bookkeeping for the hot path: its parameters, this step's norms and clip,
-and the LR factor applied around its update."""
+"""The optimizers that step: which is the main one (whose steps are counted), and each one's
+bookkeeping for the hot path: its parameters, this step's norms and clip, and the LR factor
+applied around its update."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ _IS_SET = functools.partial(operator.is_not, None)
 
 HANDOVER_STEPS = 5
 """Steps in a row of another optimizer, with no step of the main one between, that make it
-the main one (hooks.py, ``Hooks.hand_over``): its step after the main one's last, and four
+the main one (``Optimizers.hand_over``): its step after the main one's last, and four
 more. A GAN's discriminator whose GradScaler skips up to three steps in a row (overflows)
 stays the main one."""
 
@@ -44,7 +45,7 @@ class Tracked:
         """Another optimizer's: the main step count at its latest step."""
         self.alone = 0
         """Another optimizer's: its steps in a row at that count, with no main step between
-        (hooks.py: HANDOVER_STEPS of them hand the main role over to it)."""
+        (HANDOVER_STEPS of them hand the main role over to it)."""
         self._saved_lrs: list[tuple[dict, object]] = []
 
     def stepped_alone(self, count: int) -> int:
@@ -95,6 +96,57 @@ class Tracked:
             group["lr"] = lr
         self._saved_lrs.clear()
         return effective
+
+
+class Optimizers:
+    """Every optimizer that stepped, by ``id``, and the main one.
+
+    The first optimizer that steps is the main one (a GAN's discriminator, say); every other
+    one's steps are recorded at the main step they follow, under ``opt<k>/...`` names (k in
+    the order they first stepped). ``new_optimizer(k, opt)`` is called when another one
+    steps for the first time, ``handed_over(opt, old, k)`` when one takes the main role.
+    """
+
+    def __init__(self, state, discovery, manual, new_optimizer, handed_over) -> None:
+        self._state, self._discovery, self._manual = state, discovery, manual
+        self._new_optimizer, self._handed_over = new_optimizer, handed_over
+        self.main: Tracked | None = None
+        """The main optimizer's bookkeeping, or None before any optimizer stepped."""
+        self.by_id: dict[int, Tracked] = {}
+        """id(optimizer) -> its bookkeeping."""
+
+    def track(self, opt) -> Tracked:
+        """The bookkeeping of ``opt``, whose step begins (before its update); a new optimizer's
+        is made here, and one that stepped HANDOVER_STEPS times in a row becomes the main one."""
+        tracked = self.by_id.get(id(opt))
+        if tracked is None or tracked.ref() is not opt:
+            main = self.main.ref() if self.main is not None else None
+            if main is None:
+                # The first optimizer that steps is the main one (or the next, once it is gone).
+                tracked = Tracked(opt, 0)
+                self.main = tracked
+                self._manual.active = False
+                self._discovery.add(self._discovery.optimizers, opt)
+            else:
+                tracked = Tracked(opt, 1 + sum(t.index > 0 for t in self.by_id.values()))
+                self._new_optimizer(tracked.index, opt)
+            self.by_id[id(opt)] = tracked
+        elif tracked.index and tracked.stepped_at == self._state.step and tracked.alone >= HANDOVER_STEPS - 1:
+            self.hand_over(tracked)
+        return tracked
+
+    def hand_over(self, tracked: Tracked) -> None:
+        """Another optimizer steps for the HANDOVER_STEPS-th time in a row with no main step
+        between: the training has moved on to it (a network's Adam phase, then LBFGS, the first
+        optimizer still referenced), so it is the main one from this step (the steps before
+        it were kept at the main step they followed), and the old main takes its index."""
+        old = self.main
+        tracked.index, old.index = 0, tracked.index
+        self.main = tracked
+        self._state.lean = {}  # decided for the old roles
+        opt = tracked.ref()
+        self._discovery.add(self._discovery.optimizers, opt)
+        self._handed_over(opt, old.ref(), old.index)
 
 
 class ClipNotes:

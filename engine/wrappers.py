@@ -44,6 +44,7 @@ def wrap_backward(hooks, original):
     """``torch.autograd.backward`` that keeps the loss: a detached reference, no copy; on
     the lean path (a step the budget does not sample), a CPU loss is read at once instead."""
     doctor, manual, state, Tensor = hooks.doctor, hooks.manual, hooks.state, torch.Tensor
+    pre, optimizers = hooks.pre, hooks.optimizers
 
     @own
     def backward(tensors, *args, **kwargs):
@@ -64,18 +65,18 @@ def wrap_backward(hooks, original):
                     state.losses.append(value)
                     if not _isfinite(value):
                         state.lean = {}
-                        hooks.pre_step_back()
+                        pre.put_back()
                 else:
                     _keep(state, loss)
                     if state.pre_off and loss.is_cpu:
-                        hooks.pre_step_back()  # the pre-step hook checks it before the update
+                        pre.put_back()  # the pre-step hook checks it before the update
             state.own += _perf_counter() - t_in
             return original(tensors, *args, **kwargs)
         if state.pre_off:
-            hooks.pre_step_back()
+            pre.put_back()
         if state.t_post is None:
             state.began()
-        inferred = hooks.main is None and hooks.optimizer_less()
+        inferred = optimizers.main is None and hooks.optimizer_less()
         if inferred and loss is not None and loss.grad_fn is not None:
             # No optimizer exists: perhaps the script updates its parameters itself.
             first = manual.params is None
@@ -97,7 +98,7 @@ def wrap_backward(hooks, original):
             doctor.on_backward()
         state.own += _perf_counter() - t_in
         result = original(tensors, *args, **kwargs)
-        if hooks.main is None:
+        if optimizers.main is None:
             if inferred and manual.params:
                 hooks.after_manual_backward()
             hooks.note_backward_without_step()
@@ -126,13 +127,13 @@ def wrap_scale(hooks, original):
 
 def wrap_zero_grad(hooks, original):
     """``Optimizer.zero_grad``: drops what a skipped step left, and tells the doctor."""
-    doctor, state = hooks.doctor, hooks.state
+    doctor, state, optimizers = hooks.doctor, hooks.state, hooks.optimizers
 
     @own
     def zero_grad(opt, *args, **kwargs):
         t_in = _perf_counter()
         if state.losses or state.clip_notes.notes:
-            main = hooks.main
+            main = optimizers.main
             if not state.in_step and (main is None or main.ref() is opt):
                 # What a skipped step left behind (GradScaler's, or the script's own: no
                 # optimizer hook fired) must not be counted in the next step.
@@ -147,26 +148,25 @@ def wrap_zero_grad(hooks, original):
     return zero_grad
 
 
-def _at_clip(hooks, params: list) -> None:
+def _at_clip(state, pre, optimizers, params: list) -> None:
     """A clip call of the main optimizer's parameters is its step's boundary."""
-    state = hooks.state
     if state.pre_off:
-        hooks.pre_step_back()  # a clip's norms are recorded by the pre-step hook
-    main = hooks.main
+        pre.put_back()  # a clip's norms are recorded by the pre-step hook
+    main = optimizers.main
     if main is not None and not state.at_boundary and main.owns(params):
-        hooks.boundary()
+        pre.boundary()
 
 
 def wrap_clip(hooks, original):
     """``clip_grad_norm_`` with the live clip override, measuring the norms once for both."""
-    state = hooks.state
+    state, pre, optimizers, settings = hooks.state, hooks.pre, hooks.optimizers, hooks.settings
 
     @torch.no_grad()
     @own
     def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        _at_clip(hooks, params)
-        override = hooks.settings.clip
+        _at_clip(state, pre, optimizers, params)
+        override = settings.clip
         effective = float(max_norm) if override is None else override
         if error_if_nonfinite:
             # Rare; keep torch's own error path exactly.
@@ -185,13 +185,13 @@ def wrap_clip(hooks, original):
 
 def wrap_clip_with_norm(hooks, original):
     """``clip_grads_with_norm_`` (the two-step API) with the live clip override."""
-    state = hooks.state
+    state, pre, optimizers, settings = hooks.state, hooks.pre, hooks.optimizers, hooks.settings
 
     @own
     def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None):
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        _at_clip(hooks, params)
-        override = hooks.settings.clip
+        _at_clip(state, pre, optimizers, params)
+        override = settings.clip
         effective = float(max_norm) if override is None else override
         state.clip_notes.add(params, None, total_norm, effective)
         return original(params, effective, total_norm, foreach)
@@ -200,10 +200,11 @@ def wrap_clip_with_norm(hooks, original):
     return clip_grads_with_norm_
 
 
-def wrap_closure(hooks, tracked, closure):
+def wrap_closure(state, grads_ready, tracked, closure):
     """The closure of ``optimizer.step(closure)``, timed; clipped after every evaluation
-    (LBFGS evaluates it several times per step), its first evaluation measured."""
-    calls, state = 0, hooks.state
+    (LBFGS evaluates it several times per step), its first evaluation measured
+    (``grads_ready``, prestep.py)."""
+    calls = 0
 
     @own
     def ptdash_closure():
@@ -214,7 +215,7 @@ def wrap_closure(hooks, tracked, closure):
             state.inner += _perf_counter() - t0
         calls += 1
         t1 = _perf_counter()
-        hooks.grads_ready(tracked, measure=calls == 1)
+        grads_ready(tracked, measure=calls == 1)
         state.own += _perf_counter() - t1
         return loss
 
