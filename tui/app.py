@@ -279,11 +279,18 @@ class DashboardApp(CommandActions, App[str]):
         self.query_one(Overview).toggle_wide_events()
 
     def action_help(self) -> None:
-        rows = key_rows(self.BINDINGS, self.check_action)
         on_layers = self.query_one(TabbedContent).active == "layers"
-        rows += [(b.key_display or b.key, b.description, on_layers) for b in LayersView.BINDINGS]
-        rows.append(("enter", "Chart the layer's history", on_layers))
-        self.push_screen(HelpScreen(rows))
+        self.push_screen(HelpScreen(help_rows(self.check_action, on_layers)))
+
+
+def help_rows(check, on_layers: bool) -> list[tuple[str, str, bool]]:
+    """The help screen's rows, (key, description, available now): the app's keys, available as
+    ``check`` (``check_action``) says, then the Layers tab's, available ``on_layers``.
+    The README's keys table is held to these (tests/unit/test_docs.py)."""
+    rows = key_rows(DashboardApp.BINDINGS, check)
+    rows += [(b.key_display or b.key, b.description, on_layers) for b in LayersView.BINDINGS]
+    rows.append(("enter", "Chart the layer's history", on_layers))
+    return rows
 
 
 def make_app(source: Source, **options) -> DashboardApp:
