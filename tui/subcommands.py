@@ -77,7 +77,8 @@ def _show() -> Parser:
 
 
 def _attach() -> Parser:
-    p = _parser("attach", "Re-attach the dashboard to a live run (default: the newest).\n"
+    p = _parser("attach", "Re-attach the dashboard to a live run (default: the one live run here, else\n"
+                          "your only live run anywhere; with several, they are listed).\n"
                           "Without a terminal (stdout redirected) this prints the run's state now, as --once.")
     p.add_argument("run", nargs="?", metavar="RUN", help=RUN_HELP)
     p.add_argument("--compare", action="append", default=[], metavar="OTHER",
@@ -101,8 +102,8 @@ def _doctor() -> Parser:
 def _ctl() -> Parser:
     p = _parser("ctl", "Steer a live run from another terminal or a script, as the dashboard's keys do.", CTL_HELP)
     p.usage = "ptdash ctl [-h] [--json] [RUN] COMMAND [VALUE]"
-    p.add_argument("words", nargs="*", metavar="[RUN] COMMAND [VALUE]", help="the run (default: the newest live "
-                   "one), the command and its value")
+    p.add_argument("words", nargs="*", metavar="[RUN] COMMAND [VALUE]", help="the run (default: the one live "
+                   "run here, else your only live run anywhere), the command and its value")
     p.add_argument("--json", action="store_true", help="print the engine's answer as a JSON object")
     return p
 
