@@ -17,7 +17,8 @@ Every run goes through the real CLI (``ptdash --headless``) in a temporary direc
 - ``tests/scripts/doctor/loop_bugs.py`` (planted bugs), copied in as ``train.py``, to its
   crash: the Doctor tab with its findings (doctor.svg).
 
-Two runs side by side are not shot: ``ptdash show`` opens one run.
+Two runs side by side are not shot here: docs/compare.md shows the TUI snapshot test's
+picture of them (tests/tui/__snapshots__/test_snapshots/test_compare[120x40].svg).
 """
 
 from __future__ import annotations
