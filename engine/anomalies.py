@@ -19,6 +19,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
+from .shared.events import Anomaly, EventData, Warned
 from .shared.names import GRAD_NORM, LOSS
 from .shared.numbers import ema
 from .shared.protocol import Command
@@ -57,7 +58,7 @@ class Thresholds:
 class Anomalies:
     """Keeps running averages across flushes and journals what it finds.
 
-    ``event(kind, message, **data)`` journals; ``action`` is ``--on-anomaly``;
+    ``event(data, message)`` journals (events.py); ``action`` is ``--on-anomaly``;
     ``pause_here(step, reason)`` blocks the training thread in a pause;
     ``request_pause(command)`` queues a pause for the next step boundary;
     ``names(params)`` names parameters.
@@ -115,22 +116,22 @@ class Anomalies:
                 name = self._names(params)[int(bad[0])]
         self._handled.add(step)
         action = self.action
-        self._event("anomaly", f"non-finite gradient before the update of step {step}, first in {name}"
-                    + {"pause": "; paused before the update", "skip": "; update skipped", "warn": ""}[action],
-                    step=step, layer=name, action=action)
+        self._event(Anomaly(step=step, layer=name, action=action),
+                    f"non-finite gradient before the update of step {step}, first in {name}"
+                    + {"pause": "; paused before the update", "skip": "; update skipped", "warn": ""}[action])
         if action == "warn":
             return False
         if action == "pause":
             self._pause_here(step - 1, name)
-            self._event("anomaly", f"skipped the non-finite update of step {step}", step=step)
+            self._event(Anomaly(step=step), f"skipped the non-finite update of step {step}")
         return True
 
     # ----------------------------------------------------------- flusher thread
 
-    def check_rows(self, rows: list[list]) -> list[tuple[str, str, dict]]:
+    def check_rows(self, rows: list[list]) -> list[tuple[EventData, str]]:
         """Non-finite steps not handled before their update, and loss spikes, in a flush's rows.
 
-        Returns ``(kind, message, data)`` events; a non-finite step seen here under
+        Returns ``(data, message)`` events; a non-finite step seen here under
         ``pause`` also asks for a pause at the next step.
         """
         events = []
@@ -140,12 +141,13 @@ class Anomalies:
             if nonfinite and step not in self._handled:
                 if self.action == "pause":
                     if not self._is_paused():  # paused, or a pause already asked for
-                        events.append(("anomaly", f"non-finite loss or gradient at step {step}, seen at the flush; "
-                                                  "pausing at the next step", {"step": step, "action": "pause"}))
+                        events.append((Anomaly(step=step, action="pause"),
+                                       f"non-finite loss or gradient at step {step}, seen at the flush; "
+                                       "pausing at the next step"))
                         self._request_pause(Command(id=f"anomaly-{step}", name="pause"))
                 elif not self._nonfinite_reported:
                     self._nonfinite_reported = True
-                    events.append(("anomaly", f"non-finite loss or gradient at step {step}", {"step": step}))
+                    events.append((Anomaly(step=step), f"non-finite loss or gradient at step {step}"))
             loss = values.get(LOSS)
             if loss is not None and self.judge_loss:
                 spike = self._spike(step, loss)
@@ -154,11 +156,11 @@ class Anomalies:
                 self._loss_avg = ema(self._loss_avg, loss, 0.05)
                 self._loss_seen += 1
                 self._recent.append(loss)
-        for kind, message, data in events:
-            self._event(kind, message, **data)
+        for what, message in events:
+            self._event(what, message)
         return events
 
-    def _spike(self, step: int, loss: float) -> tuple | None:
+    def _spike(self, step: int, loss: float) -> tuple[EventData, str] | None:
         """A loss far outside its own recent noise: ``spike_factor`` times its running
         average, and more than SPIKE_Z robust deviations above its recent median. A noisy
         loss (reinforcement learning) moves its median and spread with it; a spike does not."""
@@ -173,9 +175,9 @@ class Anomalies:
         self._last_spike_step = step
         self._spikes += 1
         if self._spikes > MAX_SPIKES:
-            return ("anomaly", f"loss spike at step {step}; further spikes are not reported", {"step": step})
-        return ("anomaly", f"loss spike at step {step}: {loss:.4g} is {loss / avg:.1f}x its running average "
-                           f"{avg:.4g}", {"step": step, "loss": loss, "average": avg})
+            return Anomaly(step=step), f"loss spike at step {step}; further spikes are not reported"
+        return (Anomaly(step=step, loss=loss, average=avg),
+                f"loss spike at step {step}: {loss:.4g} is {loss / avg:.1f}x its running average {avg:.4g}")
 
     def check_layers(self, step: int, names: list[str], norms: list[float | None]) -> tuple[dict, list]:
         """Flags for one step's per-parameter gradient norms, and events for new flags."""
@@ -202,7 +204,6 @@ class Anomalies:
                 self._flagged.update((i, flag) for i in new)
                 name = names[first] if first < len(names) else f"#{first}"
                 more = f" and {len(new) - 1} more" if len(new) > 1 else ""
-                events.append(("anomaly" if flag != "vanishing" else "warning",
-                               f"{flag} gradient at step {step}: {name}{more}",
-                               {"flag": flag, "layer": name, "count": len(new)}))
+                what = Anomaly if flag != "vanishing" else Warned
+                events.append((what(flag=flag, layer=name, count=len(new)), f"{flag} gradient at step {step}: {name}{more}"))
         return flags, events

@@ -21,7 +21,7 @@ import torch
 from .checkpoint_files import SPACE_MARGIN, needed_bytes, prune, save_atomic, sweep_runs, sweep_temp_files  # noqa: F401
 from .discovery import Discovery, model_names, unwrap
 from .invisible import own
-from .shared import diskspace, perms
+from .shared import diskspace, events, perms
 
 FORMAT_VERSION = 1
 
@@ -233,7 +233,7 @@ class Checkpointer:
             prune(path.parent, self._config.keep_last)
         diskspace.NOTICE.room_again()
         summary = f"saved {path} ({size / 1e6:.1f} MB in {seconds:.2f} s)"
-        self._journal.event("checkpoint", summary, path=str(path), bytes=size, seconds=seconds, reason=reason)
+        self._journal.event(events.Checkpoint(path=str(path), bytes=size, seconds=seconds, reason=reason), summary)
         return summary
 
     def _make_room(self, directory: Path, needed: int) -> None:
@@ -248,8 +248,9 @@ class Checkpointer:
             # With --keep-last 1 the one kept goes only once the new one is safely written.
             removed = prune(directory, keep - 1) if keep > 1 else []
             if removed:
-                self._journal.event("checkpoint", f"removed {len(removed)} older checkpoint(s) before saving, "
-                                    f"to make room (--keep-last {keep})", removed=[str(p) for p in removed])
+                self._journal.event(events.Checkpoint(removed=tuple(map(str, removed))),
+                                    f"removed {len(removed)} older checkpoint(s) before saving, "
+                                    f"to make room (--keep-last {keep})")
             free = diskspace.free_bytes(directory)
             if free is None or free >= needed:
                 return
@@ -294,10 +295,11 @@ class Checkpointer:
                                        d.live(d.scalers))
         except CheckpointError as exc:
             raise ResumeError(f"cannot resume from {self._config.resume}: {exc}") from None
-        self._journal.event("run", f"resumed from {self._config.resume} at step {self.start_step}: restored "
+        self._journal.event(events.RunNote(restored=tuple(restored), warnings=tuple(warnings)),
+                            f"resumed from {self._config.resume} at step {self.start_step}: restored "
                             f"{', '.join(restored) or 'nothing'}; not restored: where the script's data loop was "
                             "(it continues exactly only if it starts at ptdash.start_step())"
-                            + (f"; {'; '.join(warnings)}" if warnings else ""), restored=restored, warnings=warnings)
+                            + (f"; {'; '.join(warnings)}" if warnings else ""))
 
     def after_first_step(self) -> None:
         """After a resumed run's first step: say so if the script runs its whole loop again."""
@@ -329,8 +331,9 @@ class Checkpointer:
     def _scheduler_end(self, sched, total: int, step: int) -> None:
         from .controls import StopTraining
 
-        self._journal.event("run", f"the restored {type(sched).__name__} reached its end ({total} steps) at step "
-                            f"{step}: stopping cleanly instead of letting it raise", step=step, total=total)
+        self._journal.event(events.RunNote(step=step, total=total),
+                            f"the restored {type(sched).__name__} reached its end ({total} steps) at step "
+                            f"{step}: stopping cleanly instead of letting it raise")
         try:
             self.save(step, "scheduler end")
         finally:

@@ -44,7 +44,8 @@ from .preview import SchedulePreview
 from .profiling import Profiler
 from .ranks import RankCollector
 from .recorder import Recorder, UserValues
-from .shared import rundir
+from .shared import events, rundir
+from .shared import names as names_
 from .shared.config import RunConfig
 from .shared.limits import check_setting
 from .shared.protocol import Event, LayerNames, Metrics, Samples, Schedule, Status, Welcome, from_dict
@@ -196,9 +197,9 @@ class Engine:
         except (OSError, ValueError):
             log.exception("could not update run.json")
 
-    def _hub_event(self, kind: str, message: str, info: dict | None = None, **data) -> None:
+    def _hub_event(self, what: events.EventData | str, message: str, info: dict | None = None) -> None:
         """The hub's events; ``info``: what run.json says from now on (world size, hosts, lost nodes)."""
-        self.journal.event(kind, message, **data)
+        self.journal.event(what, message)
         if info:
             try:
                 rundir.update_info(self.run_dir, **info)
@@ -262,10 +263,10 @@ class Engine:
         dist = self.dist
         if dist.ready and dist.rank == 0 and dist.exchanges:
             steps = max(1, self.hooks.step - self.start_step)
-            self.journal.event("run", f"rank channel: {dist.exchanges} command exchanges over {steps} steps, "
+            self.journal.event(events.RunNote(exchanges=dist.exchanges, seconds=dist.exchange_seconds, steps=steps),
+                               f"rank channel: {dist.exchanges} command exchanges over {steps} steps, "
                                f"{dist.exchange_seconds / dist.exchanges * 1e3:.2f} ms each, "
-                               f"{dist.exchange_seconds / steps * 1e6:.0f} us per step on average",
-                               exchanges=dist.exchanges, seconds=dist.exchange_seconds, steps=steps)
+                               f"{dist.exchange_seconds / steps * 1e6:.0f} us per step on average")
         if state == "finished" and self.journal.leader_ended == "stopped":
             state = "stopped"  # rank 0 in another process was stopped; then the script ended
         self.journal.set_state(state, exit_code=exit_code, detail=detail)
@@ -330,7 +331,7 @@ class Engine:
                 path = self.run_dir / "memory-snapshot.pickle"
                 if system.memory_history_dump(path):
                     report["snapshot"] = str(path)
-            self.journal.event("oom", "out of memory: " + "; ".join(report["remedies"]), **report)
+            self.journal.event(events.Oom.from_data(report), "out of memory: " + "; ".join(report["remedies"]))
 
     # --------------------------------------------------- moments the hooks report
 
@@ -345,25 +346,25 @@ class Engine:
         if total is not None and self.config.steps is None:
             self.journal.total_steps = total
         names = model_names(d.models)
-        self.journal.event("run", f"found model {', '.join(names) or 'none'}, {len(d.live(d.optimizers))} "
-                                  f"optimizer(s), {len(d.top_schedulers())} scheduler(s)", models=names)
+        self.journal.event(events.RunNote(models=tuple(names)), f"found model {', '.join(names) or 'none'}, "
+                           f"{len(d.live(d.optimizers))} optimizer(s), {len(d.top_schedulers())} scheduler(s)")
         self.journal.set_state("running" if self.journal.state == "starting" else None)
 
     def _new_optimizer(self, index: int, opt) -> None:
         """Another optimizer stepped: its series are opt<index>/..., named after its model."""
         names = model_names(find_models([opt]))
-        self.journal.event("run", f"optimizer {index} ({type(opt).__name__}) updates {', '.join(names) or 'no model'}: "
-                           f"its series are opt{index}/...", optimizer=index, name=", ".join(names) or None,
-                           **{"class": type(opt).__name__})
+        self.journal.event(events.Optimizer(index=index, cls=type(opt).__name__, models=", ".join(names) or None),
+                           f"optimizer {index} ({type(opt).__name__}) updates {', '.join(names) or 'no model'}: "
+                           f"its series are {names_.of_optimizer(index, '...')}")
 
     def _handed_over(self, opt, old, index: int) -> None:
         """Another optimizer stepped several times in a row with no step of the main one between:
         it is the main one now."""
         was = type(old).__name__ if old is not None else "the first one"
-        self.journal.event("run", f"{type(opt).__name__} is the main optimizer from step {self.hooks.step + 1}: "
+        self.journal.event(events.Optimizer(index=0, cls=type(opt).__name__, main_from=self.hooks.step + 1),
+                           f"{type(opt).__name__} is the main optimizer from step {self.hooks.step + 1}: "
                            f"it stepped {HANDOVER_STEPS} times with no step of {was} between "
-                           f"(whose series are opt{index}/... now)",
-                           optimizer=0, step_from=self.hooks.step + 1, **{"class": type(opt).__name__})
+                           f"(whose series are {names_.of_optimizer(index, '...')} now)")
 
     def _no_step(self, backwards: int) -> None:
         """Backwards run, and neither an optimizer step nor an update cycle can be seen."""

@@ -17,7 +17,7 @@ from typing import Callable
 
 from .discovery import Discovery, param_names
 from .recorder import Recorder, _to_host
-from .shared import packed
+from .shared import events, packed
 from .shared.protocol import LayerNames, Layers, Message, Metrics, Samples, to_dict
 
 log = logging.getLogger("ptdash.flusher")
@@ -198,8 +198,8 @@ class Flusher:
         change = self._budget.decide()
         if change is not None:
             self._doctor.spacing = self._budget.every
-            self._journal.event("sampling", change, every=self._budget.every,
-                                doctor_every=self._budget.doctor_every, budget_pct=self._budget.percent)
+            self._journal.event(events.Sampling(every=self._budget.every, doctor_every=self._budget.doctor_every,
+                                                budget_pct=self._budget.percent), change)
 
     def _schedule_ahead(self, rows: list) -> list:
         """What to send about the LR schedule ahead; a failure there must not lose the rows.
@@ -227,8 +227,8 @@ class Flusher:
             if None in row.grad_norms:  # a non-finite step inside the flush: name it
                 own, _ = self._naming.name(row.params, row.step)
                 findings += self._anomalies.check_layers(row.step, own.names, row.grad_norms)[1]
-        for kind, message, data in findings:
-            self._journal.event(kind, message, **data)
+        for what, message in findings:
+            self._journal.event(what, message)
         ratios = next((r.update_ratios for r in reversed(layer_rows) if r.update_ratios is not None), None)
         record = Layers(step=last.step, grad_norms=last.grad_norms, update_ratios=ratios, flags=flags)
         new: list[Layers | LayerNames] = [names] if fresh else []

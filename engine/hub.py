@@ -37,6 +37,7 @@ from typing import Callable
 
 from . import link
 from .rankserve import UnixRankListener
+from .shared import events
 from .shared.protocol import Command
 
 log = logging.getLogger("ptdash.hub")
@@ -95,8 +96,8 @@ class Hub:
     ``take_commands(n)`` pops up to n queued commands, ``queued()`` counts them;
     ``on_data(rank, payload)`` takes what
     a rank's flusher sent; ``on_publish(rank, msg)`` takes a message rank 0 publishes
-    (status, acks, live layer records) when rank 0 is in another process; ``event(kind,
-    message, **data)`` journals.
+    (status, acks, live layer records) when rank 0 is in another process; ``event(data,
+    message)`` journals (events.py).
     """
 
     def __init__(self, path: Path, token: str, take_commands: Callable[[int], list[Command]],
@@ -234,8 +235,8 @@ class Hub:
             ranks = sorted(i.rank for i in infos)
             self.lost_nodes[node] = {"node": node, "host": host, "ranks": ranks}
             who = f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}" if ranks else "no rank known"
-            self._event("anomaly", f"node {node} ({host}) lost, with {who}: {why}", lost_node=node, host=host,
-                        ranks=ranks, info={"lost_nodes": list(self.lost_nodes.values())})
+            self._event(events.Node(node=node, host=host, ranks=tuple(ranks), lost=True, why=why),
+                        f"node {node} ({host}) lost, with {who}: {why}", info={"lost_nodes": list(self.lost_nodes.values())})
 
     def wait_ranks_gone(self, timeout: float) -> bool:
         """Wait (at most ``timeout`` s) until every rank in another process has closed its
@@ -284,13 +285,15 @@ class Hub:
                 if not self.missing:
                     hosts = {str(r): i.host or self.host for r, i in sorted(self.ranks.items())}
                     count = len(set(hosts.values()))
-                    self._event("run", f"rank channel up: {world} ranks" + (f" on {count} hosts" if count > 1 else ""),
-                                world=world, hosts=hosts, info={"world_size": world, "hosts": hosts})
+                    self._event(events.RunNote(world=world, hosts=hosts),
+                                f"rank channel up: {world} ranks" + (f" on {count} hosts" if count > 1 else ""),
+                                info={"world_size": world, "hosts": hosts})
                 else:
-                    self._event("warning", f"rank{'s' if len(self.missing) > 1 else ''} "
+                    self._event(events.Warned(missing=tuple(self.missing)),
+                                f"rank{'s' if len(self.missing) > 1 else ''} "
                                 f"{', '.join(map(str, self.missing))} of {world} never reached ptdash "
                                 "(started without it?): commands reach rank 0 only, and clip and LR changes "
-                                "are refused so that the replicas cannot diverge", missing=self.missing)
+                                "are refused so that the replicas cannot diverge")
             return rank in self.participants, list(self.missing)
 
     @property

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Callable
 
 from .controls import Settings
-from .shared import rundir
+from .shared import events, rundir
 from .shared.limits import show
 from .shared.numbers import json_safe
 from .shared.protocol import COMMANDS, ENDED, Ack, Command, Event, Message, Status, to_dict
-from .shared.throttle import Throttle
 
 log = logging.getLogger("ptdash.journal")
 
@@ -50,7 +49,6 @@ class Journal:
         self._lock = threading.Lock()
         self._pending: list[Event] = []
         self._commands: list[dict] = []
-        self._refusals = Throttle(burst=20, window=10.0)
         self._mirrored_step: int | None = None
         self.leader_ended: str | None = None
         """How rank 0 ended, when it runs in another process than the hub."""
@@ -106,12 +104,14 @@ class Journal:
             except (OSError, ValueError):
                 log.exception("could not update run.json")
 
-    def event(self, kind: str, message: str, **data) -> Event:
-        """Journal an event (stored at the next flush) and publish it now.
+    def event(self, what: events.EventData | str, message: str) -> Event:
+        """Journal an event (stored at the next flush) and publish it now: ``what`` is its
+        data (events.py), or the kind of an event that says only its message.
 
-        ``data`` is made JSON-safe here, once: a non-finite number becomes null and the
+        The data is made JSON-safe here, once: a non-finite number becomes null and the
         event says so with ``"nonfinite": true``, so it can always be stored and sent.
         """
+        kind, data = (what, {}) if isinstance(what, str) else events.encode(what)
         safe, replaced = json_safe(data)
         if replaced:
             safe["nonfinite"] = True
@@ -124,23 +124,15 @@ class Journal:
         return ev
 
     def ack(self, cmd: Command, ok: bool, step: int | None, message: str) -> None:
-        """Answer ``cmd`` (applied at ``step``, or refused) and journal it (rank 0 answers)."""
+        """Answer ``cmd`` (applied at ``step``, or refused) and journal the answer (rank 0
+        answers): every answer, a refusal too, so the journal explains every command."""
         if self.rank != 0:
             return
         self._publish(Ack(id=cmd.id, name=cmd.name, ok=ok, step=step, message=message))
-        held = 0
-        if not ok:
-            # Every refusal is answered; a flood of them (a fuzzer, a runaway script) is
-            # journaled a few at a time, each saying how many went unjournaled before it.
-            allowed, held = self._refusals.allow()
-            if not allowed:
-                return
         name = cmd.name if cmd.name in COMMANDS else show(cmd.name, 32)
         text = f"{name}: {message}" if ok else f"{name} refused: {message}"
-        if held:
-            text += f" ({held} earlier refusals not journaled)"
-        self.event("command", text, id=cmd.id, name=cmd.name, value=cmd.value, ok=ok, applied_step=step,
-                   **({"unjournaled": held} if held else {}))
+        value = cmd.value if type(cmd.value) in (int, float) else None
+        self.event(events.CommandAnswer(id=cmd.id, name=cmd.name, value=value, ok=ok, applied_step=step), text)
 
     def drain(self) -> list[Event]:
         """The events journaled since the previous drain (for the store)."""

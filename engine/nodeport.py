@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import link
-from .shared import authlink, perms
+from .shared import authlink, events, perms
 from .shared.throttle import Throttle
 
 log = logging.getLogger("ptdash.nodeport")
@@ -78,8 +78,8 @@ class NodePort:
     def _journal_refusal(self, peer: str, reason: str) -> None:
         allowed, held = self._throttle.allow()
         if allowed:
-            self._event("warning", f"the node port refused {peer}: {reason}"
-                        + (f" ({held} more refusals since the last note)" if held else ""), peer=peer)
+            self._event(events.Warned(peer=peer), f"the node port refused {peer}: {reason}"
+                        + (f" ({held} more refusals since the last note)" if held else ""))
 
     # ------------------------------------------------------------------ peers
 
@@ -131,7 +131,7 @@ class NodePort:
         try:
             conn.send({"ok": True, **self._run})
             conn.settimeout(None)
-            self._event("run", f"node {node} ({host}) joined the run", node=node, host=host)
+            self._event(events.Node(node=node, host=host), f"node {node} ({host}) joined the run")
             while (frame := conn.recv()) is not None:
                 if isinstance(frame.get("output"), str):
                     self._append(frame["output"])

@@ -16,6 +16,8 @@ import os
 import socket
 from dataclasses import dataclass
 
+from .shared import events
+
 PORT_ENV = "PTDASH_LINK_PORT"
 
 
@@ -139,5 +141,5 @@ def open_port(hub, config: dict, run: dict, output, event, environ=os.environ):
         event("warning", f"the hub cannot listen for the other nodes at {where.address}: {exc}; their ranks run "
               f"without ptdash (set {PORT_ENV} to another port)")
         return None
-    event("run", f"the hub listens for the other nodes at {port.host}:{port.port}", host=port.host, port=port.port)
+    event(events.Node(node=0, host=port.host, port=port.port), f"the hub listens for the other nodes at {port.host}:{port.port}")
     return port

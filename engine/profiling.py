@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-from .shared import perms
+from .shared import events, perms
 
 TOP_LIMIT = 20
 """Rows kept in a summary's ``"top"`` table."""
@@ -207,7 +207,7 @@ class Profiler:
         report = window.report()
         a, b = report.get("steps", ["?", "?"])
         if report.get("error"):
-            self._journal.event("profile", f"profile of steps {a}-{b} failed: {report['error']}", **report)
+            self._journal.event(events.Profile.from_data(report), f"profile of steps {a}-{b} failed: {report['error']}")
             return
         top = report["top"][0]["name"] if report.get("top") else "nothing"
-        self._journal.event("profile", f"profiled steps {a}-{b}: top op {top}; trace {report['trace']}", **report)
+        self._journal.event(events.Profile.from_data(report), f"profiled steps {a}-{b}: top op {top}; trace {report['trace']}")

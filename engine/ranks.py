@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from .shared import packed
+from .shared import events, packed
 from .shared.protocol import Event, LayerNames, Layers, Message, Metrics, Samples, Schedule
 from .shared.wire import from_dict
 
@@ -90,7 +90,8 @@ class RankCollector:
         if len(quiet) < len(self._progress):
             if self._stalled:
                 self._stalled, self.stalled = False, None
-                self._event("run", "every rank makes steps again")
+                self._event(events.Stall(step=min(step for step, _ in self._progress.values()), ended=True),
+                            "every rank makes steps again")
                 self._on_stall(None)
             return
         if self._stalled:
@@ -111,7 +112,7 @@ class RankCollector:
         else:
             text = f"no rank made a step for {now - since:.0f} s (all at step {lowest})"
         self._stalled, self.stalled = True, text
-        self._event("anomaly", text, stalled_ranks=culprits, step=lowest)
+        self._event(events.Stall(step=lowest, ranks=tuple(culprits), seconds=now - since, why=why), text)
         self._on_stall(text)
 
 

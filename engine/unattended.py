@@ -79,7 +79,7 @@ class EarlySignals:
 class Unattended:
     """Turns SIGTERM, a lost front and an unanswered pause into stop commands.
 
-    ``submit(cmd)`` queues a command (Controls.submit); ``event(kind, message)`` journals;
+    ``submit(cmd)`` queues a command (Controls.submit); ``event(kind, message)`` journals a note;
     ``step()`` is the current step; ``in_step()`` whether an optimizer step is running;
     ``paused()`` whether the run is paused; ``save(step, reason)`` saves a checkpoint;
     ``link`` is the headless front's link (or None); ``pause_timeout`` seconds, or None;

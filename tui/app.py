@@ -21,6 +21,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
+from ptdash.shared import events
 from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Samples, Schedule, Status
 
 from .commands import CommandActions
@@ -197,9 +198,10 @@ class DashboardApp(CommandActions, App[str]):
 
     def _alert(self, event: Event) -> None:
         """Live events that need the user now: an OOM report, a pause for an anomaly."""
-        if event.kind == "oom" and not isinstance(self.screen, OomScreen):
-            self.push_screen(OomScreen(event.data))
-        elif event.kind == "anomaly" and event.data.get("action") == "pause":
+        what = events.read(event)
+        if isinstance(what, events.Oom) and not isinstance(self.screen, OomScreen):
+            self.push_screen(OomScreen(what))
+        elif isinstance(what, events.Anomaly) and what.paused:
             self.notify(f"{event.message}. Space resumes.", title="Paused by an anomaly", severity="error",
                         timeout=15)
 

@@ -15,13 +15,14 @@ import sqlite3
 import sys
 import textwrap
 
+from ptdash.shared.events import Warned, read
 from ptdash.shared.protocol import Event
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME, StoreError
 
 from . import runs, subcommands
 from .errors import CliError
-from .tabs.doctor import Finding, Findings
+from .findings import Finding, Findings
 
 
 def cmd_doctor(argv: list[str]) -> int:
@@ -57,10 +58,14 @@ def fold(events: list[Event]) -> tuple[list[Finding], list[Event]]:
     the script's own Python warnings."""
     folded = Findings()
     for event in events:
-        if event.kind == "finding":
-            folded.add(event)
-    warnings = [e for e in events if e.kind == "warning" and e.data.get("origin") == "python"]
+        folded.add(event)
+    warnings = [e for e in events if _python_warning(e)]
     return folded.newest_first()[::-1], warnings
+
+
+def _python_warning(event: Event) -> bool:
+    what = read(event)
+    return isinstance(what, Warned) and what.origin == "python"
 
 
 def render(title: str, events: list[Event], width: int = 100) -> tuple[str, int]:

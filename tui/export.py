@@ -31,6 +31,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from ptdash.shared.events import CommandAnswer, read
 from ptdash.shared.protocol import Event
 from ptdash.shared.rows import WINDOW, Column, RowReader
 from ptdash.shared.store import STORE_NAME, StoreError
@@ -139,12 +140,12 @@ def write_jsonl(stream, columns: list[Column], rows, events: list[Event], sample
 
 def event_line(event: Event) -> str:
     """One event as a JSON line; a command's answer as an entry of the command journal."""
-    data = event.data
-    if event.kind == "command" and "name" in data:
-        obj = {"command": data["name"], "value": data.get("value"), "ok": data.get("ok"),
-               "applied_step": data.get("applied_step"), "id": data.get("id")}
+    answer = read(event)
+    if isinstance(answer, CommandAnswer) and answer.name:
+        obj = {"command": answer.name, "value": answer.value, "ok": answer.ok, "applied_step": answer.applied_step,
+               "id": answer.id}
     else:
-        obj = {"event": event.kind, "data": data}
+        obj = {"event": event.kind, "data": event.data}
     obj.update(step=event.step, wall=event.wall, rank=event.rank, message=event.message)
     return json.dumps(obj, allow_nan=False) + "\n"
 

@@ -24,7 +24,7 @@ import uuid
 from contextlib import nullcontext
 from pathlib import Path
 
-from ptdash.shared import names, rundir
+from ptdash.shared import events, names, rundir
 from ptdash.shared.config import RunInfo
 from ptdash.shared.exits import describe_exit
 from ptdash.shared.frontlink import NOTICE, OUTPUT, FrontLink
@@ -36,7 +36,7 @@ from .ctl import send_command
 from .fmt import eta, fmt_duration
 from .series import StepRate
 
-SHOWN_KINDS = ("anomaly", "warning", "store", "disk", "oom", "stall", "doctor")
+SHOWN_KINDS = ("anomaly", "warning", "store", "disk", "oom", "stall", "node", "doctor")
 """Events printed as they happen; the rest only reach the progress line's "last"."""
 REPEAT_S = 0.5
 """A second SIGINT/SIGTERM this soon after the first is the same one: ``timeout`` and a
@@ -260,19 +260,20 @@ class _Watcher:
         self.reader = self.reader or wait_for_store(self.run_dir / STORE_NAME, 0)
         if self.reader is None:
             return
-        events = self.reader.events(after_id=self.after_id)
-        for ev in events:
+        for ev in self.reader.events(after_id=self.after_id):
             self.after_id = max(self.after_id, ev.id or 0)
             if (ev.kind not in ("command", "checkpoint") or "stop" in ev.message) and not (
                     ev.kind == "disk" and self.linked):
                 self.last = ev
             # A linked front has the disk notices from the link already, as they happened.
             shown = ev.kind in SHOWN_KINDS or (ev.kind == "run" and "stopping" in ev.message)
-            if ev.data.get("action") == "pause" and info.status == "paused":
+            what = events.read(ev)
+            paused = isinstance(what, events.Anomaly) and what.paused
+            if paused and info.status == "paused":
                 shown = False  # the pause's own lines say it
             if shown and not (ev.kind == "disk" and self.linked):
                 say(f"[ptdash] {ev.kind} at step {ev.step}: {ev.message}")
-            if ev.data.get("action") == "pause" and ev.step not in self.said_pauses:
+            if paused and ev.step not in self.said_pauses:
                 self.unsaid_pause = ev
         if info.status == "paused" and self.paused_said != info.paused_at and not final:
             self.paused_said = info.paused_at
@@ -300,7 +301,8 @@ class _Watcher:
 def pause_text(run_dir: Path, info: RunInfo, why: Event | None, timeout: float | None) -> str:
     """What a pause needs from a person, in plain lines: what, where, and the commands."""
     reason = why.message if why is not None else "paused on request"
-    layer = why.data.get("layer") if why is not None else None
+    what = events.read(why) if why is not None else None
+    layer = what.layer if isinstance(what, events.Anomaly) else None
     lines = [f"[ptdash] paused after step {info.paused_at}: {reason}"]
     if layer:
         lines.append(f"[ptdash]   layer: {layer}")
@@ -341,8 +343,9 @@ def progress_line(reader: StoreReader, info: RunInfo, last: Event | None = None)
     for s, wall in zip(*reader.walls(after_step=step - 50)):
         rate.add(s, wall)
     for event in reader.events(kind="command"):
-        if event.data.get("ok") and event.data.get("name") in ("pause", "resume"):
-            (rate.pause if event.data["name"] == "pause" else rate.resume)(event.wall)
+        answer = events.read(event)
+        if isinstance(answer, events.CommandAnswer) and answer.ok and answer.name in ("pause", "resume"):
+            (rate.pause if answer.name == "pause" else rate.resume)(event.wall)
     per_s = rate.rate()
     if per_s is not None:
         parts.append(f"{per_s:.1f} steps/s" if per_s >= SLOW_RATE else f"{1 / per_s:.1f} s/step")

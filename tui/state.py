@@ -9,11 +9,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ptdash.shared import events
 from ptdash.shared.config import RunInfo
 from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Samples, Schedule, Status
 
+from .findings import Findings
 from .series import Series, StepRate, rank_wants
-from .tabs.doctor import Findings
 from .tabs.layers import LayerStats
 
 
@@ -53,14 +54,14 @@ class RunState:
     """Wall time (value) of rank 0's steps as they were delivered, to draw the run by time."""
     seen_commands: set[str] = field(default_factory=set)
     layers: LayerStats = field(default_factory=LayerStats)
-    profile: dict | None = None
-    """The data of the latest ``profile`` event: steps, device, top ops, trace, error."""
+    profile: events.Profile | None = None
+    """The latest profile's report: steps, device, top ops, trace, error."""
     profile_pending: str | None = None
     """What is being profiled (``profiling steps 41-45``) between the request and its report."""
     profile_note: str | None = None
     """Why the latest profile request came to nothing (refused), shown above the last report."""
-    oom: dict | None = None
-    """The data of the latest ``oom`` event: error, remedies, allocator summary."""
+    oom: events.Oom | None = None
+    """The latest out-of-memory report: error, remedies, allocator summary."""
     hint: str | None = None
     """The latest ``hint`` (input-bound advice), shown under the step-time breakdown."""
     pause_reason: str | None = None
@@ -78,7 +79,7 @@ class RunState:
     rank_series: dict[int, dict[str, Series]] = field(default_factory=dict)
     """Per rank, its series (``RANK_SERIES`` for ranks above 0); rank 0's is ``series`` itself."""
     stalled: dict[int, int] = field(default_factory=dict)
-    """Rank -> the step it stalled at (an ``anomaly`` event); it counts until the rank steps again."""
+    """Rank -> the step it stalled at (a ``stall`` event); it counts until the rank steps again."""
     rank_failures: dict[int, int] = field(default_factory=dict)
     """Rank -> exit code of the ranks that failed, the first being the cause (run.json's ``rank_failures``)."""
     hosts: dict[int, str] = field(default_factory=dict)
@@ -333,59 +334,62 @@ class RunState:
 
     def add_event(self, event: Event) -> EventLine | None:
         """Record an engine event; a command event already shown by its ack is skipped."""
-        kind, message, data, step, wall = event.kind, event.message, event.data, event.step, event.wall
-        self._note(event)
-        command_id = data.get("id")
-        if kind == "command" and command_id is not None:
-            if command_id in self.seen_commands:
+        kind, message, step, wall = event.kind, event.message, event.step, event.wall
+        what = self._note(event)
+        if isinstance(what, events.CommandAnswer) and what.id:
+            if what.id in self.seen_commands:
                 return None
-            self.seen_commands.add(command_id)
+            self.seen_commands.add(what.id)
         if kind == "checkpoint" and any(e.kind == "checkpoint" and e.step == step for e in self.events[-20:]):
             return None  # the line of the checkpoint command that asked for it says it already
         level = EVENT_LEVELS.get(kind, "info")
-        if (kind == "command" and data.get("ok") is False) or (kind == "profile" and data.get("error")):
+        if (isinstance(what, events.CommandAnswer) and not what.ok) or (isinstance(what, events.Profile)
+                                                                         and what.error):
+            level = "error"
+        elif isinstance(what, events.Stall) and what.ended:
+            level = "ok"
+        elif isinstance(what, events.Node) and what.lost:
             level = "error"
         where = f"step {step} " if step is not None else ""
         if event.rank:
             where += f"rank {event.rank} "
-        what = {"finding": f"⚑ doctor: {message}", "checkpoint": f"checkpoint {message}"}.get(
-            kind, f"{kind}: {message}")
-        line = EventLine(wall or time.time(), step, f"{where}{what}", level, kind)
+        text = {"finding": f"⚑ doctor: {message}", "checkpoint": f"checkpoint {message}",
+                "optimizer": f"run: {message}"}.get(kind, f"{kind}: {message}")
+        line = EventLine(wall or time.time(), step, f"{where}{text}", level, kind)
         self.events.append(line)
         return line
 
-    def _note(self, event: Event) -> None:
-        """Keep what the tabs and the header show of an event."""
-        kind, message, data, step = event.kind, event.message, event.data, event.step
-        if kind == "command" and data.get("ok") and data.get("name") in ("pause", "resume"):
-            # Running time only: the rate and the ETA leave out the time the run stood still.
-            (self.rate.pause if data["name"] == "pause" else self.rate.resume)(event.wall)
-        elif kind == "anomaly" and data.get("action") == "pause":
+    def _note(self, event: Event) -> events.EventData:
+        """Keep what the tabs and the header show of an event; what it says."""
+        what = events.read(event)
+        if isinstance(what, events.CommandAnswer):
+            if what.ok and what.name in ("pause", "resume"):
+                # Running time only: the rate and the ETA leave out the time the run stood still.
+                (self.rate.pause if what.name == "pause" else self.rate.resume)(event.wall)
+            elif what.ok and what.name == "profile":
+                self.profile_pending = f"{event.message.partition(': ')[2] or 'profiling'}…"
+        elif isinstance(what, events.Anomaly) and what.paused:
             self.rate.pause(event.wall)
-        if kind == "finding":
+            self.pause_reason = f"non-finite gradient in {what.layer or 'the loss'}"
+        elif isinstance(what, events.Finding):
             self.findings.add(event)
-            if data.get("id") == "no-step":
-                self.no_step = str(data.get("what") or message)
-        elif kind == "anomaly" and isinstance(data.get("stalled_rank"), int):
-            rank = data["stalled_rank"]
-            at = data.get("step")
-            self.stalled[rank] = at if isinstance(at, int) else (step or 0)
-            self.note_world_size(rank + 1)
-        elif kind == "run":
-            self._note_failures(data.get("failures"))
-            if isinstance(data.get("optimizer"), int):
-                self.optimizers[data["optimizer"]] = str(data.get("name") or data.get("class") or "")
-
-        elif kind == "profile":
-            self.profile, self.profile_pending, self.profile_note = data, None, None
-        elif kind == "command" and data.get("name") == "profile" and data.get("ok"):
-            self.profile_pending = f"{message.partition(': ')[2] or 'profiling'}…"
-        elif kind == "oom":
-            self.oom = data
-        elif kind == "hint":
-            self.hint = message
-        elif kind == "anomaly" and data.get("action") == "pause":
-            self.pause_reason = f"non-finite gradient in {data.get('layer') or 'the loss'}"
+            if what.id == "no-step":
+                self.no_step = what.what or event.message
+        elif isinstance(what, events.Stall):
+            if what.ended:
+                self.stalled.clear()
+            for rank in what.ranks:
+                self.stalled[rank] = what.step if what.step is not None else (event.step or 0)
+                self.note_world_size(rank + 1)
+        elif isinstance(what, events.Optimizer):
+            self.optimizers[what.index] = what.label
+        elif isinstance(what, events.Profile):
+            self.profile, self.profile_pending, self.profile_note = what, None, None
+        elif isinstance(what, events.Oom):
+            self.oom = what
+        elif isinstance(what, events.Hint):
+            self.hint = event.message
+        return what
 
 
 EVENT_LEVELS = {"anomaly": "error", "oom": "error", "warning": "warning", "hint": "warning", "checkpoint": "ok",

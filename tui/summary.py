@@ -16,15 +16,15 @@ import statistics
 import time
 from pathlib import Path
 
-from ptdash.shared import names
+from ptdash.shared import events, names
 from ptdash.shared.exits import describe_exit
 from ptdash.shared.protocol import ENDED
 from ptdash.shared.rows import RowReader
 from ptdash.shared.store import STORE_NAME, StoreError
 
+from .findings import Findings
 from .fmt import fmt_duration, fmt_si
 from .runs import RunSummary
-from .tabs.doctor import Findings
 from .tabs.system import cost_line, sampling_line
 
 _CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
@@ -68,11 +68,11 @@ def summarize(run: RunSummary) -> dict:
         out["cost"] = _cost(reader)
         findings = Findings()
         for event in reader.events():
-            if event.kind == "finding":
-                findings.add(event)
-            elif event.kind == "command" and event.data.get("name") in ("clip", "lr_scale") and event.data.get("ok"):
-                out["changes"].append({"name": event.data["name"], "value": event.data.get("value"),
-                                       "step": event.data.get("applied_step", event.step)})
+            findings.add(event)
+            answer = events.read(event)
+            if isinstance(answer, events.CommandAnswer) and answer.ok and answer.name in ("clip", "lr_scale"):
+                step = answer.applied_step if answer.applied_step is not None else event.step
+                out["changes"].append({"name": answer.name, "value": answer.value, "step": step})
         out["findings"] = [{"id": f.id, "severity": f.severity, "what": f.what, "step": f.step, "ranks": f.ranks}
                            for f in findings.newest_first()[::-1]]
         out["damage"] = str(reader.damage) if reader.damage else None

@@ -29,6 +29,7 @@ from torch import nn
 
 from ..discovery import find_models, param_names
 from ..patching import Patches
+from ..shared import events
 from ..shared.config import RunConfig
 from . import crash
 from .data import DataWatch, InputBound
@@ -58,7 +59,7 @@ def watches(step: int, every: int = WATCH_EVERY) -> bool:
 class Doctor:
     """Receives the hooks' calls and reports findings as ``finding`` events.
 
-    ``event(kind, message, **data)`` journals an event; ``models()`` and ``step()`` give
+    ``event(data, message)`` journals an event (events.py); ``models()`` and ``step()`` give
     the current models and step; ``loader()`` describes the training DataLoader;
     ``judge_loss`` is False on ranks other than 0, where the loss-based rules stay quiet.
     """
@@ -134,8 +135,9 @@ class Doctor:
                 return
             self._reported.add(key)
         entry = RULES.get(key, RULES[rule])
-        self._event("finding", f"{rule}: {what}", id=rule, what=what, why=why or entry.why,
-                    fix=fix or entry.fix, severity=entry.severity, **data)
+        self._event(events.Finding.from_data({**data, "id": rule, "what": what, "why": why or entry.why,
+                                              "fix": fix or entry.fix, "severity": entry.severity}),
+                    f"{rule}: {what}")
 
     def names(self, params: list) -> list[str]:
         models = list(self._models())
@@ -226,8 +228,8 @@ class Doctor:
             bound = self.input_bound.add(rows)
             if bound:
                 cuda = any(getattr(next(m.parameters(), None), "is_cuda", False) for m in self._models())
-                self.data.input_bound(*bound, cuda=cuda, hint=lambda message, data: self._event("hint", message,
-                                                                                             **data))
+                self.data.input_bound(*bound, cuda=cuda, hint=lambda message, share: self._event(
+                    events.Hint(data_share=share), message))
         except Exception:
             log.exception("doctor flush check failed")
 

@@ -84,11 +84,11 @@ class DataWatch:
         self._report("dataparallel", f"nn.DataParallel wraps {inner} at {quoted(source)} ({gpus})",
                      why=why, source=source, module=inner, devices=n)
 
-    def input_bound(self, share: float, steps: int, cuda: bool, hint: Callable[[str, dict], None]) -> None:
+    def input_bound(self, share: float, steps: int, cuda: bool, hint: Callable[[str, float], None]) -> None:
         """The loop waits for data: a hint (the System tab's line), and a finding when the
         DataLoader's settings are the likely cause."""
         hint(f"input-bound: {share:.0%} of each step is spent waiting for data; try more DataLoader "
-             "workers (num_workers) and pin_memory=True", {"data_share": share})
+             "workers (num_workers) and pin_memory=True", share)
         loader = self._loader()
         if loader is None or (loader[0] >= 2 and (loader[1] or not cuda)):
             return  # already parallel (and pinned), or no DataLoader seen: the hint says all there is

@@ -11,6 +11,7 @@ import sys
 import threading
 from typing import Callable
 
+from ..shared import events
 from .sources import short_path
 
 log = logging.getLogger("ptdash.doctor")
@@ -60,5 +61,5 @@ class PythonWarnings:
             self._seen.add((category.__name__, text))
         source = f"{short_path(filename)}:{lineno}"
         first = (text.strip().splitlines() or [""])[0]
-        self._event("warning", f"{category.__name__}: {first} ({source})", origin="python",
-                    category=category.__name__, text=text[:2000], source=source)
+        self._event(events.Warned(origin="python", category=category.__name__, text=text[:2000], source=source),
+                    f"{category.__name__}: {first} ({source})")

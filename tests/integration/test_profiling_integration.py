@@ -4,7 +4,7 @@
 
 import json
 
-from ptdash.shared import rundir
+from ptdash.shared import events, rundir
 from ptdash.shared.reader import StoreReader
 from support.runner import SCRIPTS, Run, ptdash, wait_for
 
@@ -20,12 +20,13 @@ def test_profile_command_summarises_real_operators_and_writes_a_trace(tmp_path):
             with run.store() as s:
                 return [e for e in s.events() if e.kind == "profile"]
         (event,) = wait_for(profile_event, 60, what="the profile summary")
-        report = event.data
-        assert "error" not in report, report
-        names = {row["name"] for row in report["top"]}
+        report = events.read(event)
+        assert isinstance(report, events.Profile) and report.error is None, report
+        assert report.steps == (ack.step + 1, ack.step + 3)
+        names = {op.name for op in report.top}
         assert names & {"aten::mm", "aten::addmm"}, names
-        assert all(row["self_ms"] >= 0 for row in report["top"]) and report["top"][0]["self_ms"] > 0
-        trace = json.loads(open(report["trace"]).read())
+        assert all(op.self_ms >= 0 for op in report.top) and report.top[0].self_ms > 0
+        trace = json.loads(open(report.trace).read())
         assert trace["traceEvents"]
         assert run.send("profile", 0.5).ok is False  # whole steps only
         run.wait_step(ack.step + 6)  # training went on

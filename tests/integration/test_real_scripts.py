@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from ptdash.shared import rundir
+from ptdash.shared.events import Optimizer, read
 from ptdash.shared.reader import StoreReader
 from support.runner import ENV, REPO, SCRIPTS, Run, ptdash
 
@@ -222,8 +223,8 @@ def test_a_gan_records_both_losses_both_lrs_and_both_norms(tmp_path):
     assert d_loss != g_loss
     assert set(series(run_dir, "opt/lr/group0")[1]) == {4e-4} and set(series(run_dir, "opt1/lr/group0")[1]) == {1e-4}
     assert len(series(run_dir, "grad/norm_total")[1]) == len(series(run_dir, "opt1/grad/norm_total")[1]) == 300
-    (named,) = [e for e in events(run_dir, "run") if e.data.get("optimizer") == 1]
-    assert named.data["name"] == "Generator" and named.data["class"] == "Adam"
+    (named,) = [read(e) for e in events(run_dir, "optimizer")]
+    assert named == Optimizer(index=1, cls="Adam", models="Generator")
 
 
 # ------------------------------------------------------------------ exact commands

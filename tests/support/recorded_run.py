@@ -17,7 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ptdash.shared import rundir
+from ptdash.shared import events, rundir
 from ptdash.shared.config import RunInfo
 from ptdash.shared.protocol import Ack, Command, Event, LayerNames, Layers, Metrics, Schedule, Status, Welcome
 from ptdash.shared.store import STORE_NAME, StoreWriter
@@ -303,8 +303,9 @@ class FakeEngine:
             self.server.publish(LayerNames(step=self.status.step, names=listed, shapes=layer_shapes(listed)))
         self.server.publish(Layers(step=self.status.step, grad_norms=norms, update_ratios=ratios, flags=flags))
 
-    def event(self, kind: str, message: str, **data) -> None:
-        """Publish an engine event at the current step."""
+    def event(self, what: events.EventData | str, message: str) -> None:
+        """Publish an engine event at the current step, as the journal builds it (events.py)."""
+        kind, data = (what, {}) if isinstance(what, str) else events.encode(what)
         self.server.publish(Event(kind=kind, step=self.status.step, wall=time.time(), message=message, data=data))
 
     def _on_command(self, cmd: Command) -> None:

@@ -11,7 +11,7 @@ import asyncio
 import random
 import time
 
-from ptdash.shared import rundir
+from ptdash.shared import events, rundir
 from ptdash.shared.protocol import Metrics
 from ptdash.tui.app import make_app
 from ptdash.tui.source.live import LiveSource
@@ -53,12 +53,14 @@ def test_ranks_and_doctor_tabs_follow_a_ddp_run(tmp_path):
             await until(pilot, lambda: "step time per rank" in screen_text(app), what="rank chart")
             assert len(app.query_one("#ranks-chart", ChartPanel).chart.lines) == 2
 
-            engine.event("anomaly", "rank 1 stalled: no step for 130 s (at step 203)", stalled_rank=1, step=203)
+            engine.event(events.Stall(step=203, ranks=(1,), seconds=130.0, why="the others wait for it at step 204"),
+                         "rank 1 stalled: no step for 130 s (at step 203)")
             await until(pilot, lambda: "stalled at step 203" in screen_text(app), what="stalled rank")
 
             # Doctor: a live finding joins the stored ones, newest first, and the events pane.
-            engine.event("finding", "lr-zero: the LR of group 1 is 0", id="lr-zero", what="the LR of group 1 is 0",
-                         why="with a learning rate of 0 the update is zero", fix="check the scheduler's lambda")
+            engine.event(events.Finding(id="lr-zero", what="the LR of group 1 is 0",
+                                        why="with a learning rate of 0 the update is zero",
+                                        fix="check the scheduler's lambda"), "lr-zero: the LR of group 1 is 0")
             await until(pilot, lambda: "6 Doctor (3)" in screen_text(app), what="badge counts the live finding")
             await pilot.press("6")
             await until(pilot, lambda: "3 findings" in screen_text(app), what="doctor tab")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from ptdash.shared import events
 from ptdash.shared.protocol import Samples
 from ptdash.tui.app import make_app
 from ptdash.tui.source.live import LiveSource
@@ -50,8 +51,9 @@ def test_system_profiler_oom_and_anomaly_tabs(tmp_path):
             await until(pilot, lambda: "press p" in screen_text(app), what="empty profiler")
             await pilot.press("p")
             await until(pilot, lambda: "profiling steps 101-105…" in screen_text(app), what="pending profile")
-            engine.event("profile", "profiled steps 101-105: top op aten::addmm", steps=[101, 105],
-                         trace=str(run_dir / "profiles" / "profile-step101-105.json"), device="cpu", top=PROFILE_TOP)
+            report = {"steps": [101, 105], "trace": str(run_dir / "profiles" / "profile-step101-105.json"),
+                      "device": "cpu", "top": PROFILE_TOP}
+            engine.event(events.Profile.from_data(report), "profiled steps 101-105: top op aten::addmm")
             await until(pilot, lambda: "aten::gelu_backward" in screen_text(app), what="top ops")
             text = screen_text(app)
             assert "profiling steps" not in text and "steps 101-105" in text
@@ -60,8 +62,9 @@ def test_system_profiler_oom_and_anomaly_tabs(tmp_path):
             assert str(run_dir / "profiles" / "profile-step101-105.json") in unwrapped
 
             # An anomaly pauses the run: the header says why, the events pane shows it.
-            engine.event("anomaly", "non-finite gradient before the update of step 101, first in blocks.3.mlp.fc."
-                         "weight; paused before the update", action="pause", layer="blocks.3.mlp.fc.weight")
+            engine.event(events.Anomaly(step=101, action="pause", layer="blocks.3.mlp.fc.weight"),
+                         "non-finite gradient before the update of step 101, first in blocks.3.mlp.fc.weight; "
+                         "paused before the update")
             engine.set_status(state="paused", paused_at=100)
             header = app.query_one(RunHeader)
             await until(pilot, lambda: "non-finite gradient in blocks.3.mlp.fc.weight" in header.render().plain,
@@ -72,7 +75,7 @@ def test_system_profiler_oom_and_anomaly_tabs(tmp_path):
             await until(pilot, lambda: "non-finite" not in header.render().plain, what="reason cleared")
 
             # OOM: a panel with the error, the remedies and the allocator summary.
-            engine.event("oom", "out of memory: Reduce the batch size", **OOM)
+            engine.event(events.Oom.from_data(OOM), "out of memory: Reduce the batch size")
             await until(pilot, lambda: isinstance(app.screen, OomScreen), what="OOM panel")
             await until(pilot, lambda: "Reduce the batch size" in screen_text(app), what="remedies")
             text = screen_text(app)

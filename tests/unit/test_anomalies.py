@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from ptdash.anomalies import Anomalies, Thresholds
+from ptdash.shared.events import Anomaly, Warned, encode
+from support.journaled import journaled
 
 
 class _Run:
@@ -20,7 +22,7 @@ class _Run:
         self.action = action
 
     def anomalies(self, thresholds: Thresholds = Thresholds()) -> Anomalies:
-        return Anomalies(lambda kind, message, **data: self.events.append((kind, message, data)), self.action,
+        return Anomalies(journaled(lambda *event: self.events.append(event)), self.action,
                          lambda step, reason: self.pauses.append((step, reason)), self.requests.append,
                          lambda: self.paused or bool(self.requests), lambda params: [f"p{i}" for i in range(len(params))],
                          thresholds)
@@ -32,8 +34,10 @@ def test_loss_spike_is_reported_once_after_warmup():
     rows = [[s, 0.0, {"loss": 1.0}] for s in range(1, 30)]
     assert m.check_rows(rows) == []
     events = m.check_rows([[30, 0.0, {"loss": 10.0}], [31, 0.0, {"loss": 12.0}]])
-    assert len(events) == 1 and events[0][0] == "anomaly" and "loss spike at step 30" in events[0][1]
-    assert run.events == events  # journaled, not only returned
+    assert len(events) == 1 and events[0][0] == Anomaly(step=30, loss=10.0, average=1.0)
+    assert "loss spike at step 30" in events[0][1]
+    assert run.events == [(kind, message, data) for kind, data, message in
+                          ((*encode(what), message) for what, message in events)]  # journaled, not only returned
 
 
 @pytest.mark.parametrize("action", ["warn", "skip"])
@@ -87,6 +91,8 @@ def test_layer_flags_name_the_first_affected_layer():
     flags, events = m.check_layers(6, names, [1.0, None, 1e-9])
     assert flags == {"1": "nonfinite", "2": "vanishing"}
     assert [e[1] for e in events] == ["nonfinite gradient at step 6: a.bias", "vanishing gradient at step 6: b.weight"]
+    assert [e[0] for e in events] == [Anomaly(flag="nonfinite", layer="a.bias", count=1),
+                                      Warned(flag="vanishing", layer="b.weight", count=1)]
     flags, events = m.check_layers(7, names, [100.0, 1.0, 1.0])  # a jump of 100x its average
     assert flags == {"0": "exploding"} and "exploding gradient at step 7: a.weight" in events[0][1]
     assert m.check_layers(8, names, [1.0, None, 1e-9])[1] == []  # each finding once

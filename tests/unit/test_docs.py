@@ -20,10 +20,10 @@ the Layers tab's bindings). What the docs name is read from their code: inline
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from ptdash.tui import cli, subcommands
 

@@ -9,6 +9,7 @@ import pytest
 
 from ptdash.recorder import _to_host
 from ptdash.shared.config import RunConfig
+from support.journaled import journaled
 
 
 class _Journal:
@@ -19,13 +20,13 @@ class _Journal:
         self.models = []
         self.events = []
 
-    def event(self, kind, message, **data):
+    def add(self, kind, message, data):
         self.events.append({"kind": kind, "message": message, "data": data})
 
     def doctor(self):
         from ptdash.doctor import Doctor
 
-        return Doctor(self.event, self.config, lambda: self.models, lambda: 0)
+        return Doctor(journaled(self.add), self.config, lambda: self.models, lambda: 0)
 
     def found(self):
         return [e["data"]["id"] for e in self.events if e["kind"] == "finding"]

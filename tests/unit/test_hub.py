@@ -18,6 +18,7 @@ from ptdash.distributed import Distributed
 from ptdash.hub import Hub, spacing_steps
 from ptdash.link import Link, LinkError
 from ptdash.shared.protocol import Command
+from support.journaled import journaled
 
 TOKEN = "t" * 64
 
@@ -42,7 +43,7 @@ def _new_hub() -> Hub:
     inbox = Inbox()
     h = Hub(folder / "run-ranks.sock", TOKEN, inbox.take, lambda: len(inbox.commands),
             lambda rank, payload: inbox.data.append((rank, payload)), lambda rank, msg: None,
-            lambda kind, message, **data: inbox.events.append((kind, message)))
+            journaled(lambda kind, message, data: inbox.events.append((kind, message))))
     h.inbox = inbox
     return h
 

@@ -6,6 +6,7 @@ from io import StringIO
 
 from rich.console import Console
 
+from ptdash.shared import events
 from ptdash.shared.protocol import Event, Metrics, Samples, Status
 from ptdash.tui.state import RunState
 from ptdash.tui.tabs import ranks
@@ -51,8 +52,8 @@ def test_rank_rows_scores_stragglers_and_says_why_a_rank_stopped():
     assert scores["1.80×"].bgcolor.name == "red"
     assert scores["1.00×"] is None or scores["1.00×"].bgcolor is None
 
-    state.add_event(Event(kind="anomaly", step=20, wall=1.0, data={"stalled_rank": 2, "step": 20},
-                          message="rank 2 stalled: no step for 130 s (at step 20)"))
+    kind, data = events.encode(events.Stall(step=20, ranks=(2,), seconds=130.0))
+    state.add_event(Event(kind=kind, step=20, wall=1.0, data=data, message="rank 2 stalled: no step for 130 s (at step 20)"))
     assert ranks.rank_rows(state)[2].status == "stalled"
     state.add_metrics(Metrics(rank=2, rows=[[21, 0.0, {"time/step_s": 0.09}]]))
     assert ranks.rank_rows(state)[2].status == "ok"  # it stepped again

@@ -1,22 +1,18 @@
 """What the Doctor tab shows: the training doctor's findings, newest first.
 
-The engine raises each finding once, as an Event of kind ``finding`` whose data holds a
-stable rule ``id``, ``what`` was seen, ``why`` it matters, the ``fix`` and its ``severity``
-(and maybe ``step``, ``module``, ``source``, ``case``). Under DDP every rank may raise the
-same one; it is shown once, naming the ranks. Pure (no Textual): ``Findings`` folds
-events (for this tab and for ``ptdash doctor``), ``report`` draws them.
+Pure (no Textual): ``report`` draws the findings ``findings.Findings`` folded (for this tab;
+``ptdash doctor`` prints the same ones).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ptdash.shared.protocol import Event
+from ..findings import Finding
 
 if TYPE_CHECKING:
     from ..state import RunState
@@ -24,71 +20,6 @@ if TYPE_CHECKING:
 SEVERITY_STYLES = {"error": "bold red", "warning": "bold yellow", "info": "bold cyan"}
 
 EMPTY = "No findings: none of the doctor's checks fired."
-
-@dataclass
-class Finding:
-    """One doctor finding, as the Doctor tab lists it."""
-
-    id: str
-    what: str
-    why: str
-    fix: str
-    severity: str
-    step: int | None = None
-    wall: float = 0.0
-    case: str | None = None
-    source: str | None = None
-    module: str | None = None
-    ranks: list[int] = field(default_factory=list)
-
-
-def severity(data: dict) -> str:
-    """The severity the engine's catalogue gave the finding (``warning`` when it gave none)."""
-    given = data.get("severity")
-    return given if given in SEVERITY_STYLES else "warning"
-
-
-class Findings:
-    """The findings seen so far, one per rule (and case), in the order they were raised."""
-
-    def __init__(self) -> None:
-        self._by_key: dict[tuple, Finding] = {}
-        self.version = 0
-        """Bumped on every change, so the tab redraws only when something was found."""
-
-    def __len__(self) -> int:
-        return len(self._by_key)
-
-    def add(self, event: Event) -> Finding | None:
-        """Fold one ``finding`` event in; the Finding when it is new, None for a repeat."""
-        message, data, step, wall, rank = event.message, event.data, event.step, event.wall, event.rank
-        rule = str(data.get("id") or (message or "?").partition(":")[0])
-        case = data.get("case")
-        key = (rule, case)
-        found = self._by_key.get(key)
-        if found is not None:
-            if rank not in found.ranks:
-                found.ranks.append(rank)
-                self.version += 1
-            return None
-        what = str(data.get("what") or (message or "").partition(": ")[2] or message or "")
-        at = data.get("step", step)
-        found = self._by_key[key] = Finding(
-            id=rule, what=what, why=str(data.get("why") or ""), fix=str(data.get("fix") or ""),
-            severity=severity(data), step=at if isinstance(at, int) else None, wall=wall,
-            case=case if isinstance(case, str) else None,
-            source=str(data["source"]) if data.get("source") else None,
-            module=str(data["module"]) if data.get("module") else None, ranks=[rank])
-        self.version += 1
-        return found
-
-    def newest_first(self) -> list[Finding]:
-        return list(self._by_key.values())[::-1]
-
-    def worst(self) -> str:
-        """The highest severity found (``info`` when nothing was)."""
-        found = {f.severity for f in self._by_key.values()}
-        return next((s for s in SEVERITY_STYLES if s in found), "info")
 
 
 # ------------------------------------------------------------------------ drawing

@@ -1,7 +1,7 @@
 """What the Profiler tab shows: the latest profile report, or the one being recorded.
 
 Pure functions from RunState to Rich renderables (no Textual), tested without an app.
-The report is the data of the engine's ``profile`` event: ``steps`` [A, B], ``device``,
+The report is the engine's ``profile`` event (``events.Profile``): ``steps`` (A, B), ``device``,
 ``trace`` (a Chrome trace file), ``top`` (the most expensive ops), and ``error`` on failure.
 """
 
@@ -11,6 +11,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ptdash.shared.events import TopOp
+
 from ..fmt import fmt_bytes
 from ..state import RunState
 
@@ -19,7 +21,7 @@ def _ms(value) -> str:
     return f"{value:.2f}" if isinstance(value, (int, float)) else "N/A"
 
 
-def top_ops(top: list[dict], device: str) -> Table:
+def top_ops(top: tuple[TopOp, ...], device: str) -> Table:
     """The top-ops table: name, calls, self/total CPU ms, device ms and memory."""
     cuda = device == "cuda"
     table = Table(box=None, padding=(0, 1), header_style="bold", expand=True)
@@ -32,13 +34,11 @@ def top_ops(top: list[dict], device: str) -> Table:
         table.add_column("total dev ms", justify="right")
     table.add_column("dev mem" if cuda else "cpu mem", justify="right")
     for op in top:
-        if not isinstance(op, dict):
-            continue
-        row = [str(op.get("name", "?")), str(op.get("calls", "N/A")), _ms(op.get("self_ms")), _ms(op.get("total_ms"))]
+        row = [op.name, str(op.calls) if op.calls is not None else "N/A", _ms(op.self_ms), _ms(op.total_ms)]
         if cuda:
-            row += [_ms(op.get("self_device_ms")), _ms(op.get("total_device_ms"))]
-        mem = op.get("device_mem_bytes" if cuda else "cpu_mem_bytes")
-        row.append(fmt_bytes(mem) if isinstance(mem, (int, float)) else "N/A")
+            row += [_ms(op.self_device_ms), _ms(op.total_device_ms)]
+        mem = op.device_mem_bytes if cuda else op.cpu_mem_bytes
+        row.append(fmt_bytes(mem) if mem is not None else "N/A")
         table.add_row(*row)
     return table
 
@@ -53,25 +53,23 @@ def report(state: RunState, width: int = 0) -> RenderableType:
         parts.append(Text(f" {pending}", "bold yellow"))
     if state.profile_note:
         parts.append(Text(f" {state.profile_note}", "bold red"))
-    data = state.profile
-    if not data:
+    profile = state.profile
+    if profile is None:
         if not parts:
             parts.append(Text(" no profile yet: press p to profile the next steps", "dim"))
         return Group(*parts)
-    steps = data.get("steps") or ["?", "?"]
-    a, b = (steps + ["?", "?"])[:2] if isinstance(steps, list) else ("?", "?")
-    head = Text.assemble((f" steps {a}-{b}", "bold"), ("  device ", "dim"), str(data.get("device") or "N/A"))
+    a, b = (*profile.steps, "?", "?")[:2]
+    head = Text.assemble((f" steps {a}-{b}", "bold"), ("  device ", "dim"), profile.device or "N/A")
     parts.append(head)
-    if data.get("error"):
-        parts.append(Text(f" profile failed: {data['error']}", "bold red"))
-    if data.get("trace"):
-        parts.append(Text.assemble((" trace ", "dim"), (str(data["trace"]), "bold")))
+    if profile.error:
+        parts.append(Text(f" profile failed: {profile.error}", "bold red"))
+    if profile.trace:
+        parts.append(Text.assemble((" trace ", "dim"), (profile.trace, "bold")))
         parts.append(Text(" open it in Perfetto (ui.perfetto.dev) or Holistic Trace Analysis", "dim"))
-    top = data.get("top") or []
-    if top:
+    if profile.top:
         parts.append(Text(""))
-        parts.append(top_ops(top, str(data.get("device") or "cpu")))
-    elif not data.get("error"):
+        parts.append(top_ops(profile.top, profile.device or "cpu"))
+    elif not profile.error:
         parts.append(Text(" the profiler recorded no ops", "dim"))
     return Group(*parts)
 

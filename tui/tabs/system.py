@@ -274,15 +274,15 @@ def cost(state: RunState) -> list[RenderableType]:
 
 def oom(state: RunState) -> list[RenderableType]:
     """The latest out-of-memory report: the error and what to try."""
-    data = state.oom
-    if not data:
+    report = state.oom
+    if report is None:
         return []
     lines: list[RenderableType] = [Text(" out of memory", "bold red underline"),
-                                   _note(str(data.get("error") or "CUDA out of memory"), "red")]
-    for i, remedy in enumerate(data.get("remedies") or [], 1):
+                                   _note(report.error or "CUDA out of memory", "red")]
+    for i, remedy in enumerate(report.remedies, 1):
         lines.append(_note(f"{i}. {remedy}", ""))
-    if data.get("snapshot"):
-        lines.append(_note(f"memory snapshot: {data['snapshot']} (open it at pytorch.org/memory_viz)", "dim"))
+    if report.snapshot:
+        lines.append(_note(f"memory snapshot: {report.snapshot} (open it at pytorch.org/memory_viz)", "dim"))
     return lines
 
 

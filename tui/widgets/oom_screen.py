@@ -9,6 +9,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from ptdash.shared.events import Oom
+
 
 class OomScreen(ModalScreen[None]):
     """Shows one ``oom`` event's data; any listed close key dismisses."""
@@ -40,25 +42,25 @@ class OomScreen(ModalScreen[None]):
     }
     """
 
-    def __init__(self, data: dict) -> None:
+    def __init__(self, report: Oom) -> None:
         super().__init__()
-        self.data = data
+        self.report = report
 
     def compose(self) -> ComposeResult:
-        data = self.data
+        report = self.report
         remedies = Text()
-        for i, remedy in enumerate(data.get("remedies") or [], 1):
+        for i, remedy in enumerate(report.remedies, 1):
             remedies.append(f"{i}. ", "bold")
             remedies.append(f"{remedy}\n")
         with Vertical():
             yield Static("Out of memory", id="oom-title")
             with VerticalScroll():
-                yield Static(Text(str(data.get("error") or "CUDA out of memory"), "red"), id="oom-error")
+                yield Static(Text(report.error or "CUDA out of memory", "red"), id="oom-error")
                 yield Static(Text("\nWhat to try:", "bold"))
                 yield Static(remedies, id="oom-remedies")
-                if data.get("snapshot"):
-                    yield Static(Text(f"Memory snapshot: {data['snapshot']} (open it at pytorch.org/memory_viz)"))
-                summary = data.get("memory_summary")
+                if report.snapshot:
+                    yield Static(Text(f"Memory snapshot: {report.snapshot} (open it at pytorch.org/memory_viz)"))
+                summary = report.memory_summary
                 yield Static(Text(summary if summary else "no allocator summary (CUDA was not in use)"),
                              id="oom-summary")
             yield Static(Text("Esc closes; the System tab keeps the remedies.", "dim"))

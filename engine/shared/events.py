@@ -1,0 +1,409 @@
+"""Every event kind and the data it carries, as small frozen dataclasses.
+
+An ``Event`` (protocol.py) carries its data as a JSON object, on the wire and in the store;
+this module is the one place that object is written and read. The engine journals a
+dataclass (``journal.event(Stall(ranks=(1,), step=29), "rank 1 stalled ...")``), which
+``encode`` turns into the event's kind and data; the dashboard, ``show --once``, the doctor
+and export call ``read(event)`` and read attributes, never keys.
+
+Reading never raises: a field of the wrong type reads as its default, unknown keys are left
+out (a ``Finding`` keeps them in ``extra``), and a kind this version does not know (a newer
+engine's) reads as a ``Note``, whose event is shown by its message. Events an older engine
+wrote in an older shape are read into today's classes (``_LEGACY``).
+
+Kinds whose events carry only their message (``store``, ``disk``) have no class: they are
+journaled by name (``journal.event("disk", "...")``) and read as a ``Note``.
+
+Adding a kind: a frozen dataclass subclassing ``EventData``, with ``kind`` set, every field
+defaulted and typed with JSON-able types (str, int, float, bool, None, tuples of them,
+dicts, or a ``Record``), decorated with ``@kind``; the engine journals it, readers match on
+its class. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from types import NoneType, UnionType
+from typing import Any, ClassVar, TypeVar
+
+from .protocol import Event
+
+
+class Record:
+    """A dataclass that travels as a JSON object inside an event's data (a profile's ops)."""
+
+    @classmethod
+    def from_data(cls, data: object):
+        """The record a JSON object describes; what does not fit reads as the defaults."""
+        if not isinstance(data, dict):
+            return cls()
+        hints = _hints(cls)
+        values = {}
+        for f in dataclasses.fields(cls):
+            key = f.metadata.get("key", f.name)
+            if key in data:
+                ok, value = _conform(data[key], hints[f.name])
+                if ok:
+                    values[f.name] = value
+        return cls(**values)
+
+    def to_data(self) -> dict:
+        """The JSON object for this record."""
+        return {f.metadata.get("key", f.name): _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+class EventData(Record):
+    """The data of one kind of event."""
+
+    kind: ClassVar[str] = ""
+
+
+KINDS: dict[str, type[EventData]] = {}
+"""Every kind this version knows, by name."""
+
+T = TypeVar("T", bound=type)
+
+
+def kind(cls: T) -> T:
+    """Register an EventData class under its ``kind``."""
+    KINDS[cls.kind] = cls
+    return cls
+
+
+def encode(data: EventData) -> tuple[str, dict]:
+    """The kind and JSON object an event of ``data`` carries."""
+    return data.kind, data.to_data()
+
+
+def read(event: Event) -> EventData:
+    """What ``event`` says, as the dataclass of its kind (a ``Note`` for a kind not known here)."""
+    data = event.data if isinstance(event.data, dict) else {}
+    legacy = _LEGACY.get(event.kind)
+    if legacy is not None:
+        found = legacy(data)
+        if found is not None:
+            return found
+    cls = KINDS.get(event.kind, Note)
+    return cls.from_data(data)
+
+
+# ------------------------------------------------------------------------------ kinds
+
+
+@dataclass(frozen=True)
+class Note(EventData):
+    """An event that carries only its message (``store``, ``disk``; a kind not known here)."""
+
+
+@kind
+@dataclass(frozen=True)
+class CommandAnswer(EventData):
+    """How the engine answered a command: applied at ``applied_step``, or refused."""
+
+    kind: ClassVar[str] = "command"
+    id: str = ""
+    name: str = ""
+    value: float | None = None
+    ok: bool = False
+    applied_step: int | None = None
+
+
+@kind
+@dataclass(frozen=True)
+class Anomaly(EventData):
+    """A non-finite loss or gradient, a loss spike, or a parameter's gradient flagged.
+
+    ``action`` is what ``--on-anomaly`` did about a non-finite step (``pause``, ``skip``,
+    ``warn``); ``flag`` names a parameter's flag (``nonfinite``, ``exploding``) with ``layer``
+    its first parameter and ``count`` how many; a spike has its ``loss`` and ``average``.
+    """
+
+    kind: ClassVar[str] = "anomaly"
+    step: int | None = None
+    action: str | None = None
+    layer: str | None = None
+    flag: str | None = None
+    count: int | None = None
+    loss: float | None = None
+    average: float | None = None
+
+    @property
+    def paused(self) -> bool:
+        """Whether the run paused for it."""
+        return self.action == "pause"
+
+
+@kind
+@dataclass(frozen=True)
+class Stall(EventData):
+    """No rank made a step for a while: ``ranks`` are the ones named as the cause (empty when
+    every rank waits at the same step); ``ended`` once every rank makes steps again."""
+
+    kind: ClassVar[str] = "stall"
+    step: int | None = None
+    """The lowest step among the ranks (where the stalled ones stand)."""
+    ranks: tuple[int, ...] = ()
+    seconds: float | None = None
+    why: str = ""
+    ended: bool = False
+
+
+@kind
+@dataclass(frozen=True)
+class Checkpoint(EventData):
+    """A checkpoint saved (``path``), or older ones removed to make room (``removed``)."""
+
+    kind: ClassVar[str] = "checkpoint"
+    path: str | None = None
+    bytes: int | None = None
+    seconds: float | None = None
+    reason: str | None = None
+    removed: tuple[str, ...] = ()
+
+
+@kind
+@dataclass(frozen=True)
+class Finding(EventData):
+    """A training doctor's finding: rule ``id``, what was seen, why it matters, the fix.
+
+    ``extra`` keeps the rule's own details (``num_workers``, ``params``...) for export.
+    """
+
+    kind: ClassVar[str] = "finding"
+    id: str = ""
+    what: str = ""
+    why: str = ""
+    fix: str = ""
+    severity: str | None = None
+    step: int | None = None
+    source: str | None = None
+    module: str | None = None
+    case: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_data(cls, data: object) -> Finding:
+        found = super().from_data(data)
+        if isinstance(data, dict):
+            known = {f.name for f in dataclasses.fields(cls)}
+            found = dataclasses.replace(found, extra={k: v for k, v in data.items() if k not in known})
+        return found
+
+    def to_data(self) -> dict:
+        out = super().to_data()
+        return {**out.pop("extra"), **out}
+
+
+@kind
+@dataclass(frozen=True)
+class Hint(EventData):
+    """A hint for the System tab (the loop waits for data)."""
+
+    kind: ClassVar[str] = "hint"
+    data_share: float | None = None
+
+
+@kind
+@dataclass(frozen=True)
+class Warned(EventData):
+    """A warning: a Python warning the script raised (``origin`` ``python``), ranks that never
+    reached ptdash (``missing``), a parameter's vanishing gradient (``flag``), or a note."""
+
+    kind: ClassVar[str] = "warning"
+    origin: str | None = None
+    category: str | None = None
+    text: str | None = None
+    source: str | None = None
+    missing: tuple[int, ...] = ()
+    peer: str | None = None
+    """A peer the node port refused (several nodes)."""
+    flag: str | None = None
+    layer: str | None = None
+    count: int | None = None
+
+
+@kind
+@dataclass(frozen=True)
+class Sampling(EventData):
+    """The cost budget changed how sparsely per-layer statistics and the doctor sample steps."""
+
+    kind: ClassVar[str] = "sampling"
+    every: int | None = None
+    doctor_every: int | None = None
+    budget_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class TopOp(Record):
+    """One op of a profile's summary (times in milliseconds, memory its own allocations)."""
+
+    name: str = "?"
+    calls: int | None = None
+    self_ms: float | None = None
+    total_ms: float | None = None
+    self_device_ms: float | None = None
+    total_device_ms: float | None = None
+    cpu_mem_bytes: int | None = None
+    device_mem_bytes: int | None = None
+
+
+@kind
+@dataclass(frozen=True)
+class Profile(EventData):
+    """The summary of a profile window: ``steps`` (first, last), the trace, the top ops, or an error."""
+
+    kind: ClassVar[str] = "profile"
+    steps: tuple[int, ...] = ()
+    trace: str | None = None
+    device: str | None = None
+    top: tuple[TopOp, ...] = ()
+    error: str | None = None
+
+
+@kind
+@dataclass(frozen=True)
+class Oom(EventData):
+    """The script ran out of memory: the error, the allocator's view, what to try."""
+
+    kind: ClassVar[str] = "oom"
+    cuda: bool = False
+    device: str | None = None
+    error: str | None = None
+    memory_summary: str | None = None
+    allocator: tuple[dict, ...] = ()
+    remedies: tuple[str, ...] = ()
+    snapshot: str | None = None
+    """A memory snapshot written for pytorch.org/memory_viz, when one could be."""
+
+
+@kind
+@dataclass(frozen=True)
+class Optimizer(EventData):
+    """An optimizer became known: the ``index`` of its series (``opt<k>/...``; 0 the main one,
+    from step ``main_from`` when it took over), its class and the models it updates."""
+
+    kind: ClassVar[str] = "optimizer"
+    index: int = 0
+    cls: str = field(default="", metadata={"key": "class"})
+    models: str | None = None
+    main_from: int | None = None
+
+    @property
+    def label(self) -> str:
+        """How the dashboard names it: the models it updates, else its class."""
+        return self.models or self.cls
+
+
+@kind
+@dataclass(frozen=True)
+class RunNote(EventData):
+    """Something about the run as a whole: started, found its model, the rank channel, resumed, ended."""
+
+    kind: ClassVar[str] = "run"
+    models: tuple[str, ...] = ()
+    world: int | None = None
+    exchanges: int | None = None
+    seconds: float | None = None
+    steps: int | None = None
+    restored: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    step: int | None = None
+    total: int | None = None
+    hosts: dict = field(default_factory=dict)
+    """Rank (as a string) -> its host, once every rank of a job of several nodes reached the hub."""
+
+
+@kind
+@dataclass(frozen=True)
+class Node(EventData):
+    """A node of a job of several nodes joined the run, or was ``lost`` (killed, the network
+    cut) with its ``ranks``, for the reason ``why``."""
+
+    kind: ClassVar[str] = "node"
+    node: int | None = None
+    host: str | None = None
+    port: int | None = None
+    """Where the hub listens for the other nodes (node 0's event)."""
+    ranks: tuple[int, ...] = ()
+    lost: bool = False
+    why: str = ""
+
+
+# --------------------------------------------------------------- older engines' shapes
+
+
+def _legacy_anomaly(data: dict) -> EventData | None:
+    if "stalled_ranks" in data:  # stalls were anomalies, their ranks under "stalled_ranks"
+        ranks = data["stalled_ranks"]
+        step = data.get("step")
+        return Stall(step=step if type(step) is int else None,
+                     ranks=tuple(r for r in ranks if type(r) is int) if isinstance(ranks, list) else ())
+    return None
+
+
+def _legacy_run(data: dict) -> EventData | None:
+    if type(data.get("optimizer")) is int:  # optimizers were run notes
+        return Optimizer.from_data({**data, "index": data["optimizer"], "models": data.get("name"),
+                                    "main_from": data.get("step_from")})
+    return None
+
+
+_LEGACY = {"anomaly": _legacy_anomaly, "run": _legacy_run}
+
+
+# ----------------------------------------------------------------------------- typing
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _conform(value: Any, hint: Any) -> tuple[bool, Any]:
+    """``(True, value as hint types it)`` when the JSON value fits ``hint``, else ``(False, None)``."""
+    origin = typing.get_origin(hint)
+    if origin in (UnionType, typing.Union):
+        for option in typing.get_args(hint):
+            ok, out = _conform(value, option)
+            if ok:
+                return True, out
+        return False, None
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        if not isinstance(value, list):
+            return False, None
+        out = []
+        for v in value:
+            ok, v = _conform(v, item)
+            if not ok:
+                return False, None
+            out.append(v)
+        return True, tuple(out)
+    if hint is NoneType:
+        return value is None, None
+    if hint is bool:
+        return type(value) is bool, value
+    if hint is int:
+        return type(value) is int, value
+    if hint is float:
+        return type(value) in (int, float), float(value) if type(value) in (int, float) else None
+    if hint in (str, dict, list):
+        return isinstance(value, hint), value
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return isinstance(value, dict), hint.from_data(value) if isinstance(value, dict) else None
+    return False, None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_data()
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
