@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from ptdash import link
-from ptdash.shared import authlink, rundir
+from ptdash.shared import authlink, events, rundir
 from ptdash.shared.client import Client
 from support import users
 from support.runner import ENV, SCRIPTS, Run, kill_all, processes_in, wait_for
@@ -221,7 +221,9 @@ def test_a_killed_node_is_named_with_its_ranks_and_the_run_ends_as_torchrun_ends
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    lost = wait_for(lambda: [e for e in _events(run) if e.data.get("lost_node") == 1], 60, what="the lost node")
+    lost = wait_for(lambda: [e for e in _events(run) if e.kind == "node" and events.read(e).lost], 60, what="the lost node")
+    node = events.read(lost[0])
+    assert (node.node, node.host, node.ranks) == (1, NODE1, (1,)) and node.why, node
     assert lost[0].message.startswith(f"node 1 ({NODE1}) lost, with rank 1:"), lost[0].message
     code = run.proc.wait(180)
     assert code != 0  # node 0's rank fails in its next collective; torchrun's agent ends the job
