@@ -441,8 +441,9 @@ class HookClock:
 
     def __init__(self, hooks) -> None:
         self.ns = 0
-        for owner, name in self._step_hooks(hooks):
-            setattr(owner, name, self._clocked(getattr(owner, name), +1))
+        self._saved = [(owner, name, getattr(owner, name)) for owner, name in self._step_hooks(hooks)]
+        for owner, name, hook in self._saved:
+            setattr(owner, name, self._clocked(hook, +1))
         from ptdash import wrappers
 
         # The wrappers are made at attach time from these module functions; ``close``
@@ -457,14 +458,13 @@ class HookClock:
         """Stop clocking from the next attach on (``hooks``: also its step hooks)."""
         for name, factory in self._factories.items():
             setattr(self._wrappers, name, factory)
-        for owner, name in self._step_hooks(hooks) if hooks is not None else ():
-            if name in vars(owner):
-                delattr(owner, name)  # the class's own method again
+        for owner, name, hook in self._saved if hooks is not None else ():
+            setattr(owner, name, hook)  # registered from the next attach (or put back) on
 
     @staticmethod
     def _step_hooks(hooks) -> list:
         """The optimizer step hooks and the forward hook: (the part that registers it, its name)."""
-        return [(hooks.pre, "pre_step"), (hooks, "_post_step"), (hooks, "_on_forward")]
+        return [(hooks.pre, "pre_step"), (hooks.end, "post_step"), (hooks.forward, "fn")]
 
     def _clocked(self, fn, sign: int):
         """``fn`` with its time added to (+1) or taken from (-1, torch's own part) the clock."""

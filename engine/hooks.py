@@ -43,7 +43,6 @@ goes through another layer: ``StepEnd`` (stepend.py), the end of a step and its 
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import torch
@@ -51,7 +50,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import wrappers
 from .budget import Budget
-from .invisible import ModuleState, own, patch_warn
+from .forward import ForwardHook
+from .invisible import ModuleState, patch_warn
 from .loaders import Loaders
 from .manual import InferredSteps, ManualSteps
 from .patching import Patches
@@ -60,10 +60,9 @@ from .stepend import StepEnd
 from .stepstate import StepState
 from .tracked import Optimizers, Tracked
 
-_perf_counter = time.perf_counter
 
 
-class Hooks(StepEnd, InferredSteps):
+class Hooks(InferredSteps):
     """Installs the hooks and keeps the per-step bookkeeping for one process.
 
     It is handed the parts a step touches: the live ``settings``, the ``controls``
@@ -84,11 +83,10 @@ class Hooks(StepEnd, InferredSteps):
                  budget: Budget | None = None) -> None:
         self.settings, self.controls, self.recorder, self.doctor = settings, controls, recorder, doctor
         self.discovery, self.anomalies, self.user_values = discovery, anomalies, user_values
-        self._discovered_cb, self._step_end, self._no_step = discovered, step_end, no_step
+        self._no_step = no_step
         self.state = state = StepState()
         """What the step boundary's parts share about the step under way (stepstate.py)."""
         self._budget = budget = budget if budget is not None else Budget()
-        budget.on_change.append(self._period_changed)
         self.loaders = Loaders()
         self.loaders.began = state.began
         self.manual = ManualSteps()
@@ -96,16 +94,17 @@ class Hooks(StepEnd, InferredSteps):
         """Which optimizer is which (tracked.py)."""
         self.pre = PreStep(state, self.optimizers, settings, controls, anomalies, doctor, budget, first_step)
         """The optimizer pre-step hook and the main step's boundary (prestep.py)."""
+        self.forward = ForwardHook(state, self.loaders, discovery, controls)
+        """The model's forward pre-hook (forward.py)."""
+        self.end = StepEnd(state, self.optimizers, self.pre, self.forward, recorder, user_values, self.loaders,
+                           doctor, controls, settings, budget, discovery, self.manual, discovered, step_end)
+        """The optimizer post-step hook: the step's record and the next step's path (stepend.py)."""
+        budget.on_change.append(self.end.period_changed)
+        discovery.on_models.append(self.forward.models_changed)
         self._post_handle = None
         self._patches = Patches()
         self._module_state = ModuleState()
-        self._model_hook = None
-        self._forward_fn = own(self._on_forward)
-        self._module_state.hooks.append(self._forward_fn)
-        self._forward_on = True
-        """Whether the model's forward pre-hook is wanted (it is installed once a model is known)."""
-        self._discovered = False
-        discovery.on_models.append(self._on_models)
+        self._module_state.hooks.append(self.forward.fn)
 
     @property
     def step(self) -> int:
@@ -121,10 +120,6 @@ class Hooks(StepEnd, InferredSteps):
         """The main optimizer's bookkeeping, or None before any optimizer stepped."""
         return self.optimizers.main
 
-    def _period_changed(self) -> None:
-        # A lean next step was decided under the old period: decide again at the step.
-        self.state.lean = {}
-
     # ------------------------------------------------------------ attach / detach
 
     def attach(self) -> None:
@@ -133,7 +128,7 @@ class Hooks(StepEnd, InferredSteps):
         if self._post_handle is not None:
             return
         self.pre.attach()
-        self._post_handle = register_optimizer_step_post_hook(self._post_step)
+        self._post_handle = register_optimizer_step_post_hook(self.end.post_step)
         patch = self._patches.set
         patch_warn(self._patches)
         self._module_state.attach(self._patches)
@@ -152,7 +147,7 @@ class Hooks(StepEnd, InferredSteps):
         patch(torch.amp.GradScaler, "scale", wrappers.wrap_scale(self, torch.amp.GradScaler.scale))
         patch(torch.optim.Optimizer, "zero_grad", wrappers.wrap_zero_grad(self, torch.optim.Optimizer.zero_grad))
         self.loaders.timing = self.doctor.watching
-        self._set_forward_hook(self._forward_on)  # as it was, when attached again after a detach
+        self.forward.set(self.forward.on)  # as it was, when attached again after a detach
 
     def arm_resume(self, apply) -> None:
         """Load a checkpoint at the first module forward or optimizer step (checkpoint.py)."""
@@ -164,44 +159,6 @@ class Hooks(StepEnd, InferredSteps):
         if self._post_handle is not None:
             self._post_handle.remove()
             self._post_handle = None
-        if self._model_hook is not None:
-            self._model_hook.remove()
-            self._model_hook = None
+        self.forward.remove()
         self._patches.undo()
         self.loaders.detached()
-
-    # ------------------------------------------------------- the model's forward hook
-
-    def _on_models(self, models: list[torch.nn.Module]) -> None:
-        """The models changed: the forward timing hook goes on the new first one."""
-        on = self._forward_on
-        self._set_forward_hook(False)
-        self._set_forward_hook(on)
-
-    def _set_forward_hook(self, on: bool) -> None:
-        self._forward_on = on
-        self.loaders.watch_batches(on)  # the forward hook reads which loader served the batch
-        models = self.discovery.models
-        if on and self._model_hook is None and models:
-            self._model_hook = models[0].register_forward_pre_hook(self._forward_fn)
-        elif not on and self._model_hook is not None:
-            self._model_hook.remove()
-            self._model_hook = None
-
-    def _on_forward(self, module, args) -> None:
-        state = self.state
-        if state.in_step or not torch.is_grad_enabled():
-            return  # a closure's forward, or an evaluation pass
-        t_in = _perf_counter()
-        if state.t_forward is None:
-            state.began()
-            state.t_forward = t_in
-            self.loaders.mark_training()
-        if args and isinstance(args[0], torch.Tensor):
-            shape = args[0].shape
-            if shape:
-                state.samples += shape[0]
-        state.own += _perf_counter() - t_in
-        controls = self.controls
-        if controls.has_work(state.step):
-            controls.at_save_point(state.step)

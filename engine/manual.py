@@ -166,7 +166,7 @@ class InferredSteps:
         """An inferred step ended (the script cleared its gradients since the last backward)."""
         state = self.state
         per_tensor, total, params, clip_max = self.manual.end_of_step(state.clip_notes.notes, self.settings)
-        self._end_step(None, state.losses, total, per_tensor, params, clip_max, [], _perf_counter())
+        self.end.end_step(None, state.losses, total, per_tensor, params, clip_max, [], _perf_counter())
         state.losses = []
         self.pre.boundary()
 
@@ -175,7 +175,7 @@ class InferredSteps:
         state = self.state
         if self.manual.active and self.optimizers.main is None and state.losses:
             per_tensor, total, params, clip_max = self.manual.end_of_step(state.clip_notes.notes, self.settings)
-            self._end_step(None, state.losses, total, per_tensor, params, clip_max, [], _perf_counter())
+            self.end.end_step(None, state.losses, total, per_tensor, params, clip_max, [], _perf_counter())
             state.losses = []
 
     def after_manual_backward(self) -> None:
