@@ -4,41 +4,46 @@ All of it is public PyTorch API or a plain attribute swap, installed by ``attach
 undone by ``detach()``:
 
 - global optimizer step pre/post hooks, for every optimizer: commands, pause, clipping,
-  the LR factor, gradient norms (the pre-step hook, prestep.py), step counting, timing and the
-  step's record (the post-step hook, stepend.py);
+  the LR factor, gradient norms (the pre-step hook, prestep.py), step counting, timing
+  and the step's record (the post-step hook, stepend.py);
 - ``torch.autograd.backward``, ``GradScaler.scale``, ``Optimizer.zero_grad``,
   ``clip_grad_norm_`` / ``clip_grads_with_norm_`` (wrappers.py): the loss, the unscaled
   loss, and the live clip value over the script's own;
 - the script's DataLoaders (loaders.py), optimizers, schedulers and scalers (discovery.py);
-- a forward pre-hook on the model, on the steps the doctor watches and whenever a
-  checkpoint is due: when the step's compute starts, and the save point at its start.
+- a forward pre-hook on the model (forward.py), on the steps the doctor watches and
+  whenever a checkpoint is due: when the step's compute starts, and the save point at its
+  start.
 
 **The step counter** counts the steps of the main optimizer: the first one that steps
 (a GAN's discriminator, say). Every other optimizer's step is recorded at the main step
 it follows, under ``opt<k>/...`` names (k in the order they first stepped); one that
-steps HANDOVER_STEPS times in a row with no main step between is the main one from then on
-(tracked.py, ``Optimizers.hand_over``). A script with
-no optimizer gets its steps inferred (manual.py). Commands take effect at the main
-step's boundary: the first of the main optimizer's own ``clip_grad_norm_`` call and its
-step, so a clip changed "from step N" is the clip step N's update used.
+steps HANDOVER_STEPS times in a row with no main step between is the main one from then
+on (tracked.py, ``Optimizers``). A script with no optimizer gets its steps inferred
+(manual.py). Commands take effect at the main step's boundary: the first of the main
+optimizer's own ``clip_grad_norm_`` call and its step, so a clip changed "from step N" is
+the clip step N's update used.
 
 The hot path is what runs at every step: a loss reference kept at ``backward`` (on the
 lean path a CPU loss is read there instead), its finite check on CPU, and a StepRecord
 appended for the flusher. Once a step, caches are cold: each Python call and each tensor
 call on this path costs microseconds, so the lean path makes as few as it can. On the
-steps the cost budget samples (budget.py: all of them while it can afford it) also one fused norm pass
-(shared with the script's own clipping, which makes it free: then it runs every step) and
-the gradients' finite check on CPU. A step the budget does not sample, with nothing at its
-boundary, takes the lean path, for every optimizer (a GAN's two): the pre-step hook checks
-the loss (prestep.py) and the post-step hook records (stepend.py). After a lean step the pre-step hook
-comes off for the lean steps that follow (prestep.py, ``take_off``): a CPU loss was checked at its
-backward already, and whatever would give the hook work puts it back first. ptdash times its own code here (``StepState.own``,
-``extra``) for the budget. Everything else is sampled. Nothing here waits for the device:
-the only ``.item()`` calls read CPU tensors.
+steps the cost budget samples (budget.py: all of them while it can afford it) also one
+fused norm pass (shared with the script's own clipping, which makes it free: then it runs
+every step) and the gradients' finite check on CPU. A step the budget does not sample,
+with nothing at its boundary, takes the lean path, for every optimizer (a GAN's two): the
+pre-step hook checks the loss and the post-step hook records. After a lean step the
+pre-step hook comes off for the lean steps that follow (``PreStep.take_off``): a CPU loss
+was checked at its backward already, and whatever would give the hook work puts it back
+first. ptdash times its own code here (``StepState.own``, ``extra``) for the budget.
+Everything else is sampled. Nothing here waits for the device: the only ``.item()``
+calls read CPU tensors.
 
-``Hooks`` is one class put together from two mixins, so that no call on the per-step path
-goes through another layer: ``StepEnd`` (stepend.py), the end of a step and its record, and
-``InferredSteps`` (manual.py), the steps of a script with no optimizer.
+**The parts** each own what only they use, and share the per-step state as one object
+(``StepState``, stepstate.py) handed to each: ``PreStep``, ``StepEnd``, ``InferredSteps``,
+``ForwardHook``, ``Optimizers`` and the wrappers. No part reads another's private
+attributes, and no call on the lean path goes through a layer of its own: each hook is a
+part's own method, registered with torch directly, that reads the state into a local once.
+``Hooks`` builds the parts and installs them.
 """
 
 from __future__ import annotations
@@ -61,11 +66,10 @@ from .stepstate import StepState
 from .tracked import Optimizers, Tracked
 
 
+class Hooks:
+    """Builds the step boundary's parts for one process, and installs and removes their hooks.
 
-class Hooks(InferredSteps):
-    """Installs the hooks and keeps the per-step bookkeeping for one process.
-
-    It is handed the parts a step touches: the live ``settings``, the ``controls``
+    It is handed what a step touches: the live ``settings``, the ``controls``
     applied at step boundaries, the ``recorder`` the records go to, the ``doctor``, the
     ``discovery`` registries, the ``anomalies`` handler of a non-finite step, the values
     ``ptdash.log`` gave (``user_values``), and three moments of the lifecycle:
@@ -81,12 +85,10 @@ class Hooks(InferredSteps):
                  new_optimizer: Callable[[int, Any], None] = lambda index, opt: None,
                  handed_over: Callable[[Any, Any, int], None] = lambda opt, old, index: None,
                  budget: Budget | None = None) -> None:
-        self.settings, self.controls, self.recorder, self.doctor = settings, controls, recorder, doctor
-        self.discovery, self.anomalies, self.user_values = discovery, anomalies, user_values
-        self._no_step = no_step
+        self.settings, self.doctor, self._discovery = settings, doctor, discovery
         self.state = state = StepState()
         """What the step boundary's parts share about the step under way (stepstate.py)."""
-        self._budget = budget = budget if budget is not None else Budget()
+        budget = budget if budget is not None else Budget()
         self.loaders = Loaders()
         self.loaders.began = state.began
         self.manual = ManualSteps()
@@ -99,6 +101,9 @@ class Hooks(InferredSteps):
         self.end = StepEnd(state, self.optimizers, self.pre, self.forward, recorder, user_values, self.loaders,
                            doctor, controls, settings, budget, discovery, self.manual, discovered, step_end)
         """The optimizer post-step hook: the step's record and the next step's path (stepend.py)."""
+        self.inferred = InferredSteps(state, self.manual, self.optimizers, self.pre, self.end, discovery, settings,
+                                      budget, anomalies, no_step)
+        """The steps of a script with no optimizer (manual.py)."""
         budget.on_change.append(self.end.period_changed)
         discovery.on_models.append(self.forward.models_changed)
         self._post_handle = None
@@ -142,12 +147,16 @@ class Hooks(InferredSteps):
             patch(torch.nn.utils, "clip_grads_with_norm_", with_norm)
             if hasattr(clip_module, "clip_grads_with_norm_"):
                 patch(clip_module, "clip_grads_with_norm_", with_norm)
-        self.discovery.attach(self._patches)
+        self._discovery.attach(self._patches)
         self.loaders.attach(self._patches)
         patch(torch.amp.GradScaler, "scale", wrappers.wrap_scale(self, torch.amp.GradScaler.scale))
         patch(torch.optim.Optimizer, "zero_grad", wrappers.wrap_zero_grad(self, torch.optim.Optimizer.zero_grad))
         self.loaders.timing = self.doctor.watching
         self.forward.set(self.forward.on)  # as it was, when attached again after a detach
+
+    def end_manual_step(self) -> None:
+        """The script ended: no next backward will end its last inferred step (manual.py)."""
+        self.inferred.end_manual_step()
 
     def arm_resume(self, apply) -> None:
         """Load a checkpoint at the first module forward or optimizer step (checkpoint.py)."""

@@ -154,42 +154,55 @@ class ManualSteps:
 
 
 class InferredSteps:
-    """The inferred steps' side of ``Hooks`` (hooks.py), a mixin: the backward wrapper
-    (wrappers.py) calls these on an optimizer-less script's backwards, and the engine
-    ``end_manual_step`` at its end. They use Hooks' state and its ``_end_step`` (stepend.py)."""
+    """The steps of a script with no optimizer: the backward wrapper (wrappers.py) calls these
+    on its backwards, and the engine ``end_manual_step`` at its end.
+
+    The step boundary is inferred by ``manual`` (the ManualSteps every part shares); a step
+    that ended is recorded by ``end`` (stepend.py) and its boundary served by ``pre``
+    (prestep.py), in the shared per-step ``state`` (stepstate.py). ``optimizers`` says
+    whether an optimizer stepped, ``discovery`` whether the script made one; ``settings``,
+    ``budget`` and ``anomalies`` give the live clip, the sampled steps and what a
+    non-finite step does; ``no_step(n)`` is called once when many backwards ran and no step
+    of any kind was seen.
+    """
+
+    def __init__(self, state, manual, optimizers, pre, end, discovery, settings, budget, anomalies, no_step) -> None:
+        self._state, self.manual, self._optimizers, self._pre, self._end = state, manual, optimizers, pre, end
+        self._discovery, self._settings, self._budget, self._anomalies = discovery, settings, budget, anomalies
+        self._no_step = no_step
 
     def optimizer_less(self) -> bool:
         """Whether the script made no torch.optim optimizer (a skipped one still counts)."""
-        return not self.discovery.live(self.discovery.optimizers)
+        return not self._discovery.live(self._discovery.optimizers)
 
     def manual_boundary(self) -> None:
         """An inferred step ended (the script cleared its gradients since the last backward)."""
-        state = self.state
-        per_tensor, total, params, clip_max = self.manual.end_of_step(state.clip_notes.notes, self.settings)
-        self.end.end_step(None, state.losses, total, per_tensor, params, clip_max, [], _perf_counter())
-        state.losses = []
-        self.pre.boundary()
+        self._record_step()
+        self._pre.boundary()
 
     def end_manual_step(self) -> None:
         """The script ended: no next backward will end its last inferred step."""
-        state = self.state
-        if self.manual.active and self.optimizers.main is None and state.losses:
-            per_tensor, total, params, clip_max = self.manual.end_of_step(state.clip_notes.notes, self.settings)
-            self.end.end_step(None, state.losses, total, per_tensor, params, clip_max, [], _perf_counter())
-            state.losses = []
+        if self.manual.active and self._optimizers.main is None and self._state.losses:
+            self._record_step()
+
+    def _record_step(self) -> None:
+        state = self._state
+        per_tensor, total, params, clip_max = self.manual.end_of_step(state.clip_notes.notes, self._settings)
+        self._end.end_step(None, state.losses, total, per_tensor, params, clip_max, [], _perf_counter())
+        state.losses = []
 
     def after_manual_backward(self) -> None:
         """After a backward of an optimizer-less script: its norms, clip and finite check,
         timed as ptdash's own (the norm pass as the sampled part, budget.py)."""
-        state = self.state
+        state = self._state
         t0 = _perf_counter()
         manual, step = self.manual, state.step
         sampled = (step + 1) % self._budget.every == 0
-        bad = manual.after_backward(self.settings, sampled, state.losses)
+        bad = manual.after_backward(self._settings, sampled, state.losses)
         paused = 0.0
         if bad is not None:  # may pause: not ptdash's time
             t_bad = _perf_counter()
-            self.anomalies.before_manual_update(step + 1, *bad)
+            self._anomalies.before_manual_update(step + 1, *bad)
             paused = _perf_counter() - t_bad
         manual.sync()
         spent = _perf_counter() - t0 - paused

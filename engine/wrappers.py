@@ -44,7 +44,7 @@ def wrap_backward(hooks, original):
     """``torch.autograd.backward`` that keeps the loss: a detached reference, no copy; on
     the lean path (a step the budget does not sample), a CPU loss is read at once instead."""
     doctor, manual, state, Tensor = hooks.doctor, hooks.manual, hooks.state, torch.Tensor
-    pre, optimizers = hooks.pre, hooks.optimizers
+    pre, optimizers, infer = hooks.pre, hooks.optimizers, hooks.inferred
 
     @own
     def backward(tensors, *args, **kwargs):
@@ -76,7 +76,7 @@ def wrap_backward(hooks, original):
             pre.put_back()
         if state.t_post is None:
             state.began()
-        inferred = optimizers.main is None and hooks.optimizer_less()
+        inferred = optimizers.main is None and infer.optimizer_less()
         if inferred and loss is not None and loss.grad_fn is not None:
             # No optimizer exists: perhaps the script updates its parameters itself.
             first = manual.params is None
@@ -84,7 +84,7 @@ def wrap_backward(hooks, original):
                 # The step's record counts ptdash's time so far, and times its own end (a
                 # pause or a save at the boundary is not ptdash's): the clock restarts after.
                 state.own += _perf_counter() - t_in
-                hooks.manual_boundary()
+                infer.manual_boundary()
                 t_in = _perf_counter()
             elif first and manual.params:
                 manual.order(manual.models())
@@ -100,8 +100,8 @@ def wrap_backward(hooks, original):
         result = original(tensors, *args, **kwargs)
         if optimizers.main is None:
             if inferred and manual.params:
-                hooks.after_manual_backward()
-            hooks.note_backward_without_step()
+                infer.after_manual_backward()
+            infer.note_backward_without_step()
         return result
 
     backward.__wrapped__ = original
