@@ -22,7 +22,8 @@ import time
 import torch.distributed as dist
 
 from .link import HubNotListening, Link, LinkError, describe
-from .shared.protocol import Command, Message, to_dict
+from .shared.protocol import Command, Message
+from .shared.wire import to_dict
 
 log = logging.getLogger("ptdash.distributed")
 

@@ -48,9 +48,10 @@ from .shared import events, rundir
 from .shared import names as names_
 from .shared.config import RunConfig
 from .shared.limits import check_setting
-from .shared.protocol import Event, LayerNames, Metrics, Samples, Schedule, Status, Welcome, from_dict
+from .shared.protocol import Event, LayerNames, Metrics, Samples, Schedule, Status, Welcome
 from .shared.store import STORE_NAME, StoreWriter
 from .shared.transport import Server
+from .shared.wire import from_dict
 from .tracked import HANDOVER_STEPS
 
 log = logging.getLogger("ptdash.engine")

@@ -18,7 +18,8 @@ from typing import Callable
 from .discovery import Discovery, param_names
 from .recorder import Recorder, _to_host
 from .shared import events, packed
-from .shared.protocol import LayerNames, Layers, Message, Metrics, Samples, to_dict
+from .shared.protocol import LayerNames, Layers, Message, Metrics, Samples
+from .shared.wire import to_dict
 
 log = logging.getLogger("ptdash.flusher")
 

@@ -20,7 +20,8 @@ from .controls import Settings
 from .shared import events, rundir
 from .shared.limits import show
 from .shared.numbers import json_safe
-from .shared.protocol import COMMANDS, ENDED, Ack, Command, Event, Message, Status, to_dict
+from .shared.protocol import COMMANDS, ENDED, Ack, Command, Event, Message, Status
+from .shared.wire import to_dict
 
 log = logging.getLogger("ptdash.journal")
 

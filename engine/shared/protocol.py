@@ -4,9 +4,9 @@ This module is the one place message kinds are defined. It uses only the standar
 library, so the terminal side can import it without pulling in torch.
 
 How a message travels (JSON with ``"type"`` and ``"v"``, in length-prefixed frames) is
-``wire``'s job; its names (``encode``, ``decode``, ``to_dict``, ``from_dict``,
-``FrameReader``, ``INT_LIMIT``) are also importable from here. Nothing on the wire is
-ever executable: no pickle, no eval.
+``wire``'s job, the layer above this one: ``wire.encode``, ``wire.decode``, ``wire.to_dict``,
+``wire.from_dict``, ``wire.FrameReader``. Nothing on the wire is ever executable: no pickle,
+no eval.
 """
 
 from __future__ import annotations
@@ -239,17 +239,3 @@ MESSAGES: dict[str, type[Message]] = {
     cls.type: cls for cls in (Hello, Command, Welcome, Refused, Metrics, Samples, Status, Ack, Event, LayerNames,
                               Layers, Schedule)
 }
-
-
-_WIRE = frozenset({"encode", "decode", "to_dict", "from_dict", "FrameReader", "INT_LIMIT"})
-
-
-def __getattr__(name: str):
-    # The encoding's names, from the module that holds them. Looked up when first asked
-    # for rather than imported at the top, since ``wire`` imports this module's message
-    # types; kept here after that, so a later ``protocol.encode`` costs a plain lookup.
-    if name in _WIRE:
-        from . import wire
-        value = globals()[name] = getattr(wire, name)
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

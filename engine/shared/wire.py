@@ -7,8 +7,7 @@ numbers (packed.py), which decoding turns back into ``rows``. Decoding checks ki
 version, field types and numbers, and raises ProtocolError, and nothing else, for
 anything the protocol does not carry. Stdlib only.
 
-The message types live in ``protocol``, which re-exports these names, so
-``protocol.encode`` and ``from ptdash.shared.protocol import decode`` keep working.
+The message types live in ``protocol``, the layer below: it knows nothing of this one.
 """
 
 from __future__ import annotations

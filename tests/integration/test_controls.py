@@ -14,7 +14,8 @@ import torch
 
 from ptdash.shared import rundir
 from ptdash.shared.client import Client
-from ptdash.shared.protocol import Ack, Command, Hello, TransportError, encode
+from ptdash.shared.protocol import Ack, Command, Hello, TransportError
+from ptdash.shared.wire import encode
 from support.runner import SCRIPTS, Run, ptdash, wait_for
 
 STEADY = SCRIPTS / "steady.py"

@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 
-from ptdash.shared import protocol, rundir
+from ptdash.shared import protocol, rundir, wire
 from ptdash.shared.client import Client
 from ptdash.shared.protocol import COMMANDS, Ack, Command, Refused, Status, TransportError
 from ptdash.shared.reader import StoreReader
@@ -132,13 +132,13 @@ class Fuzz:
         try:
             sock.connect(self.path)
             if hello:
-                sock.sendall(protocol.encode(protocol.Hello(token=self.token, client="fuzz")))
+                sock.sendall(wire.encode(protocol.Hello(token=self.token, client="fuzz")))
             for data in frames:
                 sock.sendall(data)
             # Last, a command the engine answers (with a refusal): it answers a connection's
             # frames in order, so once that answer is in, every earlier one has been read,
             # however slow the engine is. A connection it closed instead ends at EOF.
-            sock.sendall(protocol.encode(Command(id=SENTINEL, name="no-such-command")))
+            sock.sendall(wire.encode(Command(id=SENTINEL, name="no-such-command")))
         except OSError:
             pass  # the engine closed on us: what it answered before is still there to read
         try:
@@ -148,11 +148,11 @@ class Fuzz:
 
     def _collect(self, sock: socket.socket) -> None:
         """Read every answer, to the sentinel's or to EOF: acks must all be refusals."""
-        reader = protocol.FrameReader()
+        reader = wire.FrameReader()
         try:
             while chunk := sock.recv(1 << 16):
                 for payload in reader.feed(chunk):
-                    msg = protocol.decode(payload)
+                    msg = wire.decode(payload)
                     if isinstance(msg, Ack) and msg.id == SENTINEL:
                         assert not msg.ok, msg
                         return
@@ -185,7 +185,7 @@ def test_a_fuzzed_socket_leaves_the_run_and_its_store_untouched(tmp_path):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(fuzz.path)
             if n % 2:
-                sock.sendall(protocol.encode(protocol.Hello(token=fuzz.token, client="idle")))
+                sock.sendall(wire.encode(protocol.Hello(token=fuzz.token, client="idle")))
             idle.append(sock)
         before = run.last_step()
         threads = [threading.Thread(target=fuzz.worker, args=(fuzz.cases[i::WORKERS],)) for i in range(WORKERS)]

@@ -24,9 +24,10 @@ import pytest
 
 from ptdash.shared import rundir
 from ptdash.shared.client import Client
-from ptdash.shared.protocol import Hello, encode
+from ptdash.shared.protocol import Hello
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME
+from ptdash.shared.wire import encode
 from support.runner import ENV, SCRIPTS, Run, engine_pid, ptdash, wait_for
 from support.tmux import Terminal, require_tmux
 

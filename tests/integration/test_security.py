@@ -25,8 +25,9 @@ from ptdash.link import socket_path
 from ptdash.shared import private, protocol, rundir, transport, wire
 from ptdash.shared.client import Client
 from ptdash.shared.private import check_private_dir, filesystem_type, private_dir
-from ptdash.shared.protocol import Command, Hello, Status, TransportError, Welcome, encode
+from ptdash.shared.protocol import Command, Hello, Status, TransportError, Welcome
 from ptdash.shared.transport import Server
+from ptdash.shared.wire import encode
 from support import users
 from support.runner import ENV, SCRIPTS, Run, ptdash
 

@@ -16,22 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from ptdash.shared import protocol, transport
+from ptdash.shared import protocol, transport, wire
 from ptdash.shared.client import Client
-from ptdash.shared.protocol import (
-    Command,
-    Event,
-    Hello,
-    Layers,
-    Metrics,
-    Refused,
-    Status,
-    TransportError,
-    Welcome,
-    encode,
-)
+from ptdash.shared.protocol import Command, Event, Hello, Layers, Metrics, Refused, Status, TransportError, Welcome
 from ptdash.shared.throttle import Throttle
 from ptdash.shared.transport import Server
+from ptdash.shared.wire import encode
 
 TOKEN = "t" * 64
 
@@ -83,12 +73,12 @@ def framed(payload: bytes) -> bytes:
 
 def read_until_closed(sock: socket.socket, timeout: float = 5.0) -> list:
     """Every message the server sends before it closes the connection."""
-    reader = protocol.FrameReader()
+    reader = wire.FrameReader()
     messages = []
     sock.settimeout(timeout)
     try:
         while chunk := sock.recv(65536):
-            messages += [protocol.decode(p) for p in reader.feed(chunk)]
+            messages += [wire.decode(p) for p in reader.feed(chunk)]
     except (ConnectionResetError, BrokenPipeError):
         pass
     return messages
@@ -136,7 +126,7 @@ def test_an_oversized_length_is_refused_before_its_body_is_buffered(served):
     # The header alone is enough to refuse: nothing of the promised 4 GB is awaited.
     assert "exceeds the limit of 65536" in refusal(read_until_closed(sock))
     # And the reader itself refuses on the four header bytes, holding nothing more.
-    reader = protocol.FrameReader(max_frame=1024)
+    reader = wire.FrameReader(max_frame=1024)
     with pytest.raises(protocol.ProtocolError):
         reader.feed(struct.pack(">I", 1025))
     served.still_serves()
@@ -223,7 +213,7 @@ def test_a_client_that_never_reads_never_slows_publish_and_is_bounded(served):
     assert dropped > 0
     # Must-deliver messages still queue; when the reader wakes up it learns what it missed.
     served.server.publish(Status(state="paused", step=9))
-    reader = protocol.FrameReader()
+    reader = wire.FrameReader()
     seen, got_status = 0, False
     idle.settimeout(0.2)
     deadline = time.monotonic() + 10
@@ -237,7 +227,7 @@ def test_a_client_that_never_reads_never_slows_publish_and_is_bounded(served):
         except socket.timeout:
             continue
         for payload in reader.feed(data):
-            msg = protocol.decode(payload)
+            msg = wire.decode(payload)
             got_status |= isinstance(msg, Status) and msg.state == "paused"
             if isinstance(msg, Metrics) and msg.dropped:
                 seen += msg.dropped

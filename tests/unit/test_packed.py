@@ -11,7 +11,8 @@ import random
 import pytest
 
 from ptdash.shared import packed
-from ptdash.shared.protocol import Metrics, ProtocolError, decode, encode
+from ptdash.shared.protocol import Metrics, ProtocolError
+from ptdash.shared.wire import decode, encode
 
 
 def _round_trip(rows: list, **fields) -> Metrics:

@@ -9,15 +9,8 @@ import random
 
 import pytest
 
-from ptdash.shared.protocol import (
-    Command,
-    Event,
-    Metrics,
-    ProtocolError,
-    Status,
-    decode,
-    encode,
-)
+from ptdash.shared.protocol import Command, Event, Metrics, ProtocolError, Status
+from ptdash.shared.wire import decode, encode
 
 
 def command(value: str) -> bytes:
