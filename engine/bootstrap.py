@@ -13,7 +13,6 @@ import builtins
 import functools
 import importlib.machinery
 import io
-import logging
 import os
 import runpy
 import sys
@@ -23,27 +22,12 @@ import types
 import zipfile
 from pathlib import Path
 
+from .enginelog import setup_logging
 from .invisible import script_traceback
 from .shared.config import RunConfig
 
 END_WAIT_S = 10.0
 """How long a script's ``os._exit`` waits for the run's end to be recorded."""
-
-
-def setup_logging(run_dir: Path) -> None:
-    from .shared import perms
-
-    path = run_dir / "engine.log"
-    perms.touch(path)  # the run's file mode, not the umask's
-    # What a peer sent can reach a log line: an unencodable character must not fail it.
-    from .output import QuietFileHandler
-
-    handler = QuietFileHandler(path, errors="backslashreplace")  # a full disk drops records quietly
-    handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s"))
-    logger = logging.getLogger("ptdash")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
 
 
 def run_target(argv: list[str]) -> dict:

@@ -139,16 +139,3 @@ def _unread(fd: int) -> int:
         return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
     except OSError:
         return 0
-
-
-class QuietFileHandler(logging.FileHandler):
-    """engine.log's handler: a record it cannot write (a full disk) is counted and dropped.
-
-    logging's own handler prints a traceback to stderr instead, which is the script's
-    output stream here.
-    """
-
-    dropped = 0
-
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
-        QuietFileHandler.dropped += 1

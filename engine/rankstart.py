@@ -72,8 +72,8 @@ def start_rank() -> None:
         engine_module.ENGINE = inherited = None
     if inherited is not None or "PTDASH_RUN_DIR" not in os.environ:
         return
-    from .bootstrap import setup_logging
     from .distributed import group_rank
+    from .enginelog import setup_logging
     from .shared import rundir
 
     found = group_rank()
