@@ -31,6 +31,14 @@ KERNEL_FILESYSTEMS = frozenset({"sysfs", "proc", "devtmpfs", "devpts", "cgroup",
 def run_dir(path: Path, root: bool = False) -> None:
     """Refuse a ``--run-dir`` (or, with ``root``, the directory runs go in by default) that
     cannot be made or used: a file, a non-empty directory, a place no one can write."""
+    try:
+        os.fspath(path.absolute()).encode("utf-8")
+    except UnicodeEncodeError:
+        # run.json, the live-run registry and every reply name the run dir as UTF-8 text.
+        shown = os.fsencode(path.absolute()).decode("ascii", "backslashreplace")
+        what = "the runs directory" if root else "--run-dir"
+        raise CliError(f"{what} {shown} is not a UTF-8 path, which ptdash needs to record it; "
+                       f"choose another{'' if root else ' name'}" + (" with --run-dir" if root else ""), 2) from None
     option = f"the runs directory {path}" if root else f"--run-dir {path}"
     try:
         if path.exists() or path.is_symlink():

@@ -228,6 +228,7 @@ def project(tmp_path):
     (["--run-dir", "/sys/ptdash-run"], "is on sysfs, a kernel file system"),
     (["--run-dir", "/proc/self/ptdash-run"], "is on proc, a kernel file system"),
     (["--run-dir", "afile/run"], "afile is not a directory"),
+    (["--run-dir", "run\udcff"], "run\\xff is not a UTF-8 path"),  # the bytes b"run\xff" on the command line
     (["--keep-last", "0"], "argument --keep-last: takes a whole number >= 1, got '0'"),
     (["--keep-last", "-3"], "argument --keep-last: takes a whole number >= 1, got '-3'"),
     (["--nproc-per-node", "0"], "argument --nproc-per-node: takes a whole number >= 1, got '0'"),
@@ -266,6 +267,14 @@ def test_the_module_check_runs_none_of_the_packages_code(project):
     result = ptdash("--headless", "-m", "pkg", cwd=project)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("INIT RAN") == 1 and "MAIN RAN" in result.stdout  # the engine's run only
+
+
+def test_a_runs_directory_under_a_non_utf8_path_is_one_line_and_creates_nothing(project):
+    odd = project / "d\udcff"  # a directory whose name is the bytes b"d\xff"
+    odd.mkdir()
+    (odd / "ok.py").write_text("print('ran')\n")
+    _one_line_error(ptdash("--headless", "ok.py", cwd=odd), 2, "d\\xff/ptdash-runs is not a UTF-8 path")
+    assert list(odd.iterdir()) == [odd / "ok.py"]
 
 
 def test_a_runs_directory_that_is_a_file_is_one_line(project):
