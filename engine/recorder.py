@@ -34,7 +34,10 @@ class StepRecord(NamedTuple):
     """One step as the training thread recorded it: references it already held, no copies.
 
     A tuple with names: building it costs the hot path one small allocation and no host
-    sync; the flusher derives everything else from it.
+    sync; the flusher derives everything else from it. The training thread builds it from
+    a tuple of all its fields (no Python frame) and checks its length there
+    (``RECORD_FIELDS``), so a builder and this class that disagree fail at the first step
+    that builds one, not on the flusher.
     """
 
     step: int
@@ -70,6 +73,19 @@ class StepRecord(NamedTuple):
     """ptdash's own time on the training thread since the previous main record (s)."""
     extra: float = 0.0
     """The part of ``own`` that sampling the step cost: norms, checks, ratios, doctor (s)."""
+
+
+RECORD_FIELDS = len(StepRecord._fields)
+"""The fields of a StepRecord: each builder checks the length of the tuple it built (stepend.py)."""
+
+
+class RecordShapeError(TypeError):
+    """A StepRecord built with the wrong number of fields, raised where it was built (the
+    training thread), before the flusher could take it."""
+
+    def __init__(self, record: tuple, fields: int = RECORD_FIELDS) -> None:
+        super().__init__(f"a StepRecord was built with {len(record)} fields where it has {fields} "
+                         f"({', '.join(StepRecord._fields)}): its builder and recorder.StepRecord disagree")
 
 
 class UserValues:

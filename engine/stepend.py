@@ -20,12 +20,13 @@ import torch
 
 from . import metrics
 from .discovery import find_models
-from .recorder import StepRecord
+from .recorder import RECORD_FIELDS, RecordShapeError, StepRecord
 from .tracked import HANDOVER_STEPS
 
 _LR = operator.itemgetter("lr")
 _record = functools.partial(tuple.__new__, StepRecord)
-"""A StepRecord from a tuple of all its fields, without the Python frame of its ``__new__``."""
+"""A StepRecord from a tuple of all its fields, without the Python frame of its ``__new__``:
+so nothing checks its length but the builder, right after (``RECORD_FIELDS``)."""
 _perf_counter = time.perf_counter
 _FLOAT = {float}
 
@@ -87,8 +88,11 @@ class StepEnd:
             if (type(lrs[0]) is not float or len(lrs) > 1) and set(map(type, lrs)) != _FLOAT:
                 lrs = _held(lrs)
             if lean.index:  # another optimizer's step, at the main step it follows
-                self._recorder.add(_record((state.step, time.time(), losses, None, None, None, None, lrs, None,
-                                           0, None, None, lean.index, 0.0, 0.0)))
+                record = _record((state.step, time.time(), losses, None, None, None, None, lrs, None,
+                                  0, None, None, lean.index, 0.0, 0.0))
+                if len(record) != RECORD_FIELDS:
+                    raise RecordShapeError(record, RECORD_FIELDS)
+                self._recorder.add(record)
                 if lean.stepped_alone(state.step) >= HANDOVER_STEPS:  # it is the main one from its next step
                     self._optimizers.hand_over(lean)
                     self._pre.put_back()
@@ -99,9 +103,12 @@ class StepEnd:
             user = self._user_values
             user = user.take() if user.pending else None
             t_record = _perf_counter()
-            self._recorder.add(_record((step, time.time(), losses, None, None, None, None, lrs,
-                                       (start, None, None, now, None, 0.0), 0, None, user, 0,
-                                       state.own + t_record - now, 0.0)))
+            record = _record((step, time.time(), losses, None, None, None, None, lrs,
+                              (start, None, None, now, None, 0.0), 0, None, user, 0,
+                              state.own + t_record - now, 0.0))
+            if len(record) != RECORD_FIELDS:
+                raise RecordShapeError(record, RECORD_FIELDS)
+            self._recorder.add(record)
             state.last_step_s = 0.9 * state.last_step_s + 0.1 * (now - start)
             state.step = step
             state.in_step = state.at_boundary = False
@@ -143,8 +150,11 @@ class StepEnd:
         per_tensor, total, params = tracked.norms if tracked.norms is not None else (None, None, None)
         clip_max, tracked.norms, tracked.clip_max = tracked.clip_max, None, None
         if tracked.index:
-            self._recorder.add(StepRecord(state.step, time.time(), losses, total, None, None, clip_max, lrs, None,
-                                         0, None, None, tracked.index))
+            record = _record((state.step, time.time(), losses, total, None, None, clip_max, lrs, None,
+                              0, None, None, tracked.index, 0.0, 0.0))
+            if len(record) != RECORD_FIELDS:
+                raise RecordShapeError(record, RECORD_FIELDS)
+            self._recorder.add(record)
             tracked.stepped_alone(state.step)
             state.own += _perf_counter() - now
             return
@@ -167,11 +177,14 @@ class StepEnd:
             # Before the record: its layers are named after the models found here.
             self._discovery.set_models(find_models([opt]) if opt is not None else self._manual.models())
         t_record = _perf_counter()
-        self._recorder.add(_record((
+        record = _record((
             step, time.time(), losses, total, per_tensor, params if per_tensor is not None else None, clip_max, lrs,
             (start, state.t_forward, state.t_pre, now, waits, state.inner), state.samples, ratios,
             self._user_values.take() if self._user_values.pending else None, 0,
-            state.own + t_record - now, state.extra)))
+            state.own + t_record - now, state.extra))
+        if len(record) != RECORD_FIELDS:
+            raise RecordShapeError(record, RECORD_FIELDS)
+        self._recorder.add(record)
         state.extra = 0.0
         step_s = now - start
         state.last_step_s = 0.9 * state.last_step_s + 0.1 * step_s if state.last_step_s else step_s
