@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 import math
 import threading
 import time
@@ -27,6 +28,7 @@ from .shared import names
 from .shared.names import STEP_S
 from .shared.numbers import finite_or_none
 
+log = logging.getLogger("ptdash.recorder")
 _isfinite = math.isfinite
 
 
@@ -141,6 +143,8 @@ class Recorder:
         rows are converted for the steps that use them: the newest that has them, those
         with update ratios or a non-finite loss or norm, and the steps in ``wanted``; the
         norms of the others were computed (the total needs them) but are dropped unread.
+        A record that cannot be read (built wrong, or holding a value no row can take) is
+        dropped alone, logged; the flush keeps the others.
         """
         records = []
         pending = self._pending
@@ -148,8 +152,35 @@ class Recorder:
             records.append(pending.popleft())
         if not records:
             return [], []
+        try:
+            out = self._convert(records, wanted)
+        except Exception:  # noqa: BLE001 - a record that cannot be read must not lose the others
+            good = self._readable(records)
+            if len(good) == len(records):
+                raise  # no record is at fault on its own: the flush fails as a whole (flusher.py)
+            records = good
+            out = self._convert(records, wanted) if records else ([], [])
         if self._observe is not None:
             self._observe(records)
+        return out
+
+    def _readable(self, records: list) -> list:
+        """The records that convert on their own, in order; the others are dropped, and said so
+        once (a record built wrong, or holding a value no row can take)."""
+        good, dropped = [], []
+        for record in records:
+            try:
+                self._convert([record], frozenset())
+            except Exception as exc:  # noqa: BLE001
+                dropped.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+            else:
+                good.append(record)
+        if dropped:
+            log.error("dropped %d of %d step records the flush could not read (%s); kept the others",
+                      len(dropped), len(records), dropped[0])
+        return good
+
+    def _convert(self, records: list, wanted: set | frozenset) -> tuple[list[list], list["LayerRow"]]:
         # A record that holds only host numbers (a lean step's: a loss read already, one
         # float LR, the step's time and nothing else) is a row at once; the others wait for
         # their device scalars, copied in one batch, in a fixed order: [loss], [total], then

@@ -50,3 +50,19 @@ def test_another_optimizers_step_joins_the_lean_row_of_its_iteration():
     assert len(rows) == 2
     assert rows[0][2] == {"loss": 0.25, "opt/lr/group0": 0.01, "time/step_s": 0.5,
                           "opt1/loss": 0.75, "opt1/lr/group0": 0.002}
+
+
+def test_a_record_the_flush_cannot_read_is_dropped_alone(caplog):
+    # One field too many (built without stepend.py's check), and an LR no row can take.
+    wrong_shape = tuple.__new__(StepRecord, (*lean(2), 0.0))
+    no_number = lean(3)._replace(lrs=[object()])
+    observed = []
+    recorder = Recorder(observed.extend)
+    for r in (lean(1), wrong_shape, no_number, lean(4)):
+        recorder.add(r)
+    rows, _ = recorder.drain()
+    assert rows == [[1, 1001.0, {"loss": 0.25, "opt/lr/group0": 0.01, "time/step_s": 0.5}],
+                    [4, 1004.0, {"loss": 0.25, "opt/lr/group0": 0.01, "time/step_s": 0.5}]]
+    assert observed == [lean(1), lean(4)]  # the budget sees the records that were kept
+    assert "dropped 2 of 4 step records the flush could not read (ValueError: too many values to unpack" in caplog.text
+    assert len(recorder) == 0
