@@ -331,6 +331,20 @@ class Node(EventData):
     why: str = ""
 
 
+@kind
+@dataclass(frozen=True)
+class PrintedMetric(EventData):
+    """A metric the script printed was found (its first value, the line it came from), or
+    is ``left_out``: ``logged`` (ptdash.log gives it) or ``too many`` (printed names)."""
+
+    kind: ClassVar[str] = "printed"
+    name: str = ""
+    series: str | None = None
+    value: float | None = None
+    line: str | None = None
+    left_out: str | None = None
+
+
 # --------------------------------------------------------------- older engines' shapes
 
 

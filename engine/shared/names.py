@@ -1,7 +1,7 @@
 """The names of the series: one grammar, built and parsed here and nowhere else.
 
 A series name carries its scope and unit: ``loss``, ``grad/norm_total``, ``time/step_s``,
-``gpu0/mem_allocated_bytes``, ``host/cpu_pct``, ``user/acc``. The main optimizer's series
+``gpu0/mem_allocated_bytes``, ``host/cpu_pct``, ``user/acc``, ``printed/val_loss``. The main optimizer's series
 have no prefix, except its LRs, ``opt/lr/group<g>``; the k-th other optimizer's carry
 ``opt<k>/`` (``opt1/loss``, ``opt1/grad/norm_total``, ``opt1/lr/group0``). Exports add two
 more: another rank's column is ``rank<r>/<name>``, a parameter's ``layer/<param>/<field>``.
@@ -37,6 +37,7 @@ TIMES = (STEP_S, DATA_S, COMPUTE_S, OPTIM_S, OTHER_S)
 
 _HOST = "host/"
 _USER = "user/"
+_PRINTED = "printed/"
 _PTDASH = "ptdash/"
 
 
@@ -160,6 +161,56 @@ def parse_user(name: str) -> str | None:
 
 USER_LR = user("lr")
 """The LR a script with no torch.optim optimizer reports with ``ptdash.log(lr=...)``."""
+
+
+# ------------------------------------------------------------------- printed metrics
+#
+# A metric the script only prints (``val loss 2.29``, ``{'eval_loss': 0.29}``) is kept as
+# ``printed/<name>``, its name as printed, lower case, words joined by ``_``
+# (engine/printparse.py). It never shares a series with ptdash's own (``loss`` is the loss
+# ptdash reads at backward; ``printed/loss`` what the script printed), and a name the script
+# also gives ``ptdash.log`` (``user/val_loss``) is left out: the explicit value wins.
+
+SPLITS = ("train", "training", "val", "valid", "validation", "eval", "evaluation", "test", "testing", "dev",
+          "predict")
+"""The words that say which data a printed metric was measured on, where a name starts with one."""
+HELD_OUT = frozenset(SPLITS) - {"train", "training"}
+"""The splits that are not the training data: a metric measured on them is a validation metric."""
+_QUALIFIERS = frozenset({"avg", "average", "mean"})
+"""Words that do not change what a metric is (``test_average_loss`` is a test loss)."""
+_PARTS = re.compile(r"[_ ./-]+")
+
+
+def printed(name: str) -> str:
+    """A metric the script printed: ``printed/val_loss``."""
+    return _PRINTED + name
+
+
+def parse_printed(name: str) -> str | None:
+    """The printed metric's own name, or None for a series that was not printed."""
+    return name[len(_PRINTED):] if name.startswith(_PRINTED) else None
+
+
+class Split(NamedTuple):
+    """A printed metric's data (``val``, or None where its name says none) and what it
+    measures (``loss``, ``acc``, ``loss_epoch``)."""
+
+    split: str | None
+    base: str
+
+
+def split_of(name: str) -> Split:
+    """``val_loss`` -> ``("val", "loss")``, ``test_average_loss`` -> ``("test", "loss")``,
+    ``train/loss_step`` -> ``("train", "loss_step")``, ``acc`` -> ``(None, "acc")``."""
+    words = [w for w in _PARTS.split(name) if w]
+    split = words.pop(0) if len(words) > 1 and words[0] in SPLITS else None
+    kept = [w for w in words if w not in _QUALIFIERS] or words
+    return Split(split, "_".join(kept))
+
+
+def held_out(name: str) -> bool:
+    """Whether a printed metric was measured on data other than the training data."""
+    return split_of(name).split in HELD_OUT
 
 
 # ---------------------------------------------------------------------------- exports

@@ -37,6 +37,8 @@ SAMPLES = [
     events.Optimizer(index=1, cls="Adam", models="Generator"),
     events.Optimizer(index=0, cls="LBFGS", main_from=51),
     events.RunNote(models=("Net",), world=2, restored=("model",), warnings=("w",)),
+    events.PrintedMetric(name="val_loss", series="printed/val_loss", value=2.29, line="eval | val loss 2.29"),
+    events.PrintedMetric(name="acc", left_out="logged"),
 ]
 
 

@@ -48,13 +48,27 @@ def test_gpu_user_and_export_names():
     assert names.layer("fc.weight", "grad_norm") == "layer/fc.weight/grad_norm"
 
 
+def test_printed_names_and_their_splits():
+    assert names.printed("val_loss") == "printed/val_loss"
+    assert names.parse_printed(names.printed("val_loss")) == "val_loss" and names.parse_printed("user/x") is None
+    assert names.split_of("val_loss") == ("val", "loss")
+    assert names.split_of("test_average_loss") == ("test", "loss")
+    assert names.split_of("train/loss_step") == ("train", "loss_step")
+    assert names.split_of("valid ppl") == ("valid", "ppl")
+    assert names.split_of("loss") == (None, "loss") and names.split_of("avg_loss") == (None, "loss")
+    assert names.split_of("average") == (None, "average") and names.split_of("val") == (None, "val")
+    assert names.held_out("eval_accuracy") and names.held_out("test_average_loss")
+    assert not names.held_out("train_loss") and not names.held_out("loss") and not names.held_out("top1")
+
+
 # A series name as the grammar spells it: any of these, whole, in a string literal outside
 # names.py is a name written out again.
 _SERIES = re.compile(
     r"opt\d*/loss|(opt\d*/)?(loss/micro_batches|grad/(norm_total|clip_max|clipped)|lr/group\d*)"
-    r"|time/\w+_s|throughput/\w+|host/\w+|gpu\d*/\w+|ptdash/\w+_(pct|every)|user/\w+|opt\d*/|opt/lr/group|layer/")
+    r"|time/\w+_s|throughput/\w+|host/\w+|gpu\d*/\w+|ptdash/\w+_(pct|every)|user/\w+|printed/\w+|opt\d*/"
+    r"|opt/lr/group|layer/")
 # f-strings, with each replacement field as {}: the spellings that build a name by pieces.
-_BUILT = re.compile(r"(opt|gpu|rank)\{\}/.*|(host|user|layer|ptdash|time|grad)/\{\}.*")
+_BUILT = re.compile(r"(opt|gpu|rank)\{\}/.*|(host|user|printed|layer|ptdash|time|grad)/\{\}.*")
 LOOKUPS = {"get", "stats", "series", "sampled", "latest", "sample"}
 """Calls whose first argument is a series name (``values.get("loss")``): the bare word ``loss``
 is a series there, in a subscript and in an ``in`` test; elsewhere it is a word (a chart's id)."""

@@ -1,0 +1,239 @@
+"""Metrics the script only prints, made series: read where the output relay already reads
+the pipe (output.py's thread), never on the training thread.
+
+``PrintedMetrics.feed`` takes each chunk the relay copied to output.log. A chunk's lines
+are kept at the optimizer step in progress when it was read (``step()``: the engine's
+counter, read without a lock); under DDP every rank has its own relay and its own steps.
+What a line says is printparse.py's; here, the stream:
+
+- **Carriage returns**: a line redrawn in place (a tqdm or Lightning bar) counts by its
+  final state, the last drawing that is not blank (a bar that clears itself leaves its
+  last state); a bar that starts again (its percentage falls: Lightning's next epoch on
+  the same line) counts the drawing before, as it ended.
+- **Cost**: a chunk's lines are grouped by shape (the line without its digits); only the
+  last line of each shape is read, and a shape that never held a metric is not read again.
+  A script that prints the same line a million times costs a split and a dict of a chunk,
+  in C, and one parse.
+- **Names**: a value becomes ``printed/<name>`` (shared/names.py); a name the script also
+  gives ``ptdash.log`` is left out (the explicit value wins); the first value of each name
+  is an event (``found printed metric val_loss = 2.29 at step 200: ...``), so a wrong guess
+  is seen, with the line it came from. At most MAX_NAMES names.
+
+The flusher takes what was found (``drain``) and writes it with the steps' own rows (``merge``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import re
+import threading
+import time
+from typing import Callable, Iterable
+
+from . import printparse
+from .shared import events, names
+
+log = logging.getLogger("ptdash.printed")
+
+MAX_NAMES = 200
+"""Printed names kept as series; more are left out (and said, once)."""
+MAX_TAIL = 1 << 16
+"""Bytes of an unfinished line kept; a longer one is not read."""
+SHAPES = 4096
+"""Shapes of lines remembered as holding no metric (forgotten all at once when full)."""
+
+_DIGITS = b"0123456789"
+_PROGRESS = re.compile(rb"(\d{1,3})%\|")
+_CONTEXT = (b'File "', b"Warning: ")
+"""What a line of source code follows: with one of these in a chunk, it is read line by line."""
+
+
+class PrintedMetrics:
+    """See the module docstring. ``step()``: the step in progress; ``event(what, message)``:
+    the journal's; ``logged``: the names given to ``ptdash.log`` so far (a live set)."""
+
+    def __init__(self, step: Callable[[], int], event: Callable[..., object], logged: set[str] | frozenset = frozenset()) -> None:
+        self._step, self._event, self._logged = step, event, logged
+        self._tail = b""
+        """The line under way since the last newline: its segment after the last carriage return."""
+        self._drawn = b""
+        """The line's last finished drawing that is not blank (a carriage return ended it)."""
+        self._overlong = False
+        self._silent: set[bytes] = set()
+        """Shapes of lines that held no metric."""
+        self._seen: set[str] = set()
+        self._shadowed: set[str] = set()
+        self._full = False
+        self._lock = threading.Lock()
+        self._pending: dict[int, dict[str, float | None]] = {}
+        self.found = 0
+        """Values found so far."""
+
+    # ------------------------------------------------------------- the relay's thread
+
+    def feed(self, data: bytes) -> None:
+        """A chunk of the script's output, as the relay read it."""
+        try:
+            self._feed(data, self._step())
+        except Exception:  # noqa: BLE001 - the output must go on whatever a line does here
+            log.exception("reading the script's output for metrics failed")
+
+    def finish(self) -> None:
+        """The output ended: its unfinished line counts as it stands."""
+        if self._tail or self._drawn:
+            self.feed(b"\n")
+
+    def _feed(self, data: bytes, step: int) -> None:
+        text = self._tail + data if self._tail else data
+        newline = text.rfind(b"\n")
+        if newline >= 0:
+            lines = text[:newline].split(b"\n")
+            if self._overlong:
+                lines[0], self._overlong = b"", False
+            if self._drawn or b"\r" in text[:newline]:
+                lines = self._final_states(lines)
+            self._read(lines, step)
+            text = text[newline + 1:]
+        if b"\r" in text:
+            segments = text.split(b"\r")
+            self._read(self._restarted(segments), step)
+            text = segments[-1]
+        if len(text) > MAX_TAIL:
+            text, self._overlong = b"", True
+        self._tail = text
+
+    def _final_states(self, lines: list[bytes]) -> list[bytes]:
+        """Each line as it ended (the first goes on from the drawing before this chunk)."""
+        out = []
+        for i, line in enumerate(lines):
+            if b"\r" not in line and (i or not self._drawn):
+                out.append(line)
+                continue
+            segments = line.split(b"\r")
+            out += self._restarted(segments)
+            last = segments[-1] if segments[-1].strip() else self._drawn
+            if last:
+                out.append(last)
+            self._drawn = b""
+        return out
+
+    def _restarted(self, segments: list[bytes]) -> list[bytes]:
+        """The drawings among ``segments`` (all but the last finished by a carriage return)
+        that ended: one the line was cleared after, or one a bar started again after (its
+        percentage fell). The last drawing not counted yet stays in ``_drawn``."""
+        out = []
+        previous = self._drawn
+        for segment in segments[:-1]:
+            if not segment.strip():
+                if previous:  # cleared: it ended as it was drawn last
+                    out.append(previous)
+                    previous = b""
+                continue
+            if previous and _restart(previous, segment):
+                out.append(previous)
+            previous = segment
+        if previous and segments[-1].strip() and _restart(previous, segments[-1]):
+            out.append(previous)
+            previous = b""
+        self._drawn = previous
+        return out
+
+    def _read(self, lines: list[bytes], step: int) -> None:
+        if not lines:
+            return
+        blob = b"\n".join(lines)
+        if any(marker in blob for marker in _CONTEXT):
+            previous = ""
+            for line in lines:
+                text = printparse.clean(line.decode("utf-8", "replace"))
+                if not printparse.skipped(text, previous):
+                    self._take(printparse.parse(text), step, text)
+                previous = text
+            return
+        # Only the last line of each shape: the same report printed again says nothing new
+        # within one chunk, all of whose lines are kept at one step.
+        last = dict(zip(blob.translate(None, _DIGITS).split(b"\n"), lines))
+        silent = self._silent
+        for shape, line in last.items():
+            if shape in silent:
+                continue
+            text = printparse.clean(line.decode("utf-8", "replace"))
+            found = [] if printparse.skipped(text) else printparse.parse(text)
+            if found:
+                self._take(found, step, text)
+            else:
+                if len(silent) >= SHAPES:
+                    silent.clear()
+                silent.add(shape)
+
+    def _take(self, found: list[tuple[str, float | None]], step: int, line: str) -> None:
+        values = {}
+        for name, value in found:
+            if name in self._logged:
+                if name not in self._shadowed:
+                    self._shadowed.add(name)
+                    self._event(events.PrintedMetric(name=name, left_out="logged"),
+                                f"printed metric {name} is left out: ptdash.log gives {names.user(name)}")
+                continue
+            if name not in self._seen:
+                if len(self._seen) >= MAX_NAMES:
+                    if not self._full:
+                        self._full = True
+                        self._event(events.PrintedMetric(name=name, left_out="too many"),
+                                    f"more than {MAX_NAMES} printed metrics: {name} and later new names are left out")
+                    continue
+                self._seen.add(name)
+                self._event(events.PrintedMetric(name=name, series=names.printed(name), value=value,
+                                                 line=line.strip()[:200]),
+                            f"found printed metric {name} = {_show(value)} at step {step}: {line.strip()[:120]}")
+            values[names.printed(name)] = value
+        if values:
+            self.found += len(values)
+            with self._lock:
+                self._pending.setdefault(step, {}).update(values)
+
+    # ------------------------------------------------------------- the flusher's thread
+
+    def drain(self) -> list[tuple[int, dict[str, float | None]]]:
+        """What was found since the previous drain: ``(step, {series: value})``, by step."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        return sorted(pending.items())
+
+
+def merge(rows: list, found: Iterable[tuple[int, dict]], earlier: list) -> list:
+    """``rows`` (a flush's ``[step, wall, {name: value}]``, by step) with the printed values
+    ``found`` in the rows of their steps. A step with no row here gets a row of its own, with
+    its wall time from ``earlier`` (the previous flush's rows), so the store's step times stay
+    the steps' own; failing that (a step before the first, or long gone), the time now."""
+    found = list(found)
+    if not found:
+        return rows
+    at = {row[0]: row for row in rows}
+    extra = []
+    for step, values in found:
+        row = at.get(step)
+        if row is not None:
+            row[2].update(values)
+            continue
+        i = bisect.bisect_left(earlier, step, key=_step) if earlier else 0
+        wall = earlier[i][1] if i < len(earlier) and earlier[i][0] == step else time.time()
+        extra.append([step, wall, dict(values)])
+    if not extra:
+        return rows
+    return sorted(rows + extra, key=_step)
+
+
+def _step(row: list) -> int:
+    return row[0]
+
+
+def _restart(before: bytes, after: bytes) -> bool:
+    """Whether a bar drawn as ``after`` started again since ``before``: its percentage fell."""
+    old, new = _PROGRESS.search(before), _PROGRESS.search(after)
+    return old is not None and new is not None and int(new.group(1)) < int(old.group(1))
+
+
+def _show(value: float | None) -> str:
+    return "non-finite" if value is None else f"{value:.6g}"
