@@ -85,8 +85,7 @@ class Engine:
                         self._rank_data, self._leader_message, self._hub_event) if self.primary else None)
         target, hello = nodes.rank_target(config.to_json(), link.socket_path(self.info.socket) if self.info else None)
         self.dist = Distributed(self.hub, target, token, hello)
-        self.nodeport = None
-        """The hub's TCP port for the other nodes of a job of several nodes (nodes.py)."""
+        self.nodeport = None  # the hub's TCP port for the other nodes of a job of several (nodes.py)
         leads = self.dist.rank == 0
         self._leader_greeting: dict[str, object] = {}
         """The newest LayerNames and Schedule of a rank 0 in another process, for new dashboards."""
@@ -233,9 +232,8 @@ class Engine:
             self.checkpointer.guard_schedulers(self._patches, lambda: self.hooks.step)
         if self.primary:
             self.hub.start()
-            self.nodeport = nodes.open_port(self.hub, self.config.to_json(), {
-                "run_dir": str(self.run_dir), "run_id": self.info.id, "host": self.hub.host},
-                self.run_dir / "output.log", self._hub_event)
+            self.nodeport = nodes.open_port(self.hub, self.config.to_json(), self.run_dir, self.info.id,
+                                            self._hub_event)
             self.server.start()
             rundir.register(self.info.id, self.run_dir)
             rundir.update_info(self.run_dir, status="running", pid=os.getpid(), started=time.time(),

@@ -12,6 +12,7 @@ interface the rendezvous uses), never on every interface. Stdlib only.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from dataclasses import dataclass
@@ -82,6 +83,16 @@ def _own_address(host: str) -> str | None:
     return None
 
 
+def _route_from(address: str, family: int) -> str:
+    """The local address the route to ``address`` leaves from (no packet is sent)."""
+    probe = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        probe.connect((address, 9))
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
 def local_address(host: str) -> str:
     """The address of this machine by which ``host`` is reached: ``host``'s own address when
     it is this machine's (node 0, the rendezvous host), else the one the route to it leaves
@@ -90,12 +101,17 @@ def local_address(host: str) -> str:
     if own is not None:
         return own
     family, _, _, _, address = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0]
-    probe = socket.socket(family, socket.SOCK_DGRAM)
+    return _route_from(address[0], family)
+
+
+def loopback_name(host: str, address: str) -> bool:
+    """A host name that names loopback here (Debian's ``127.0.1.1 gpu0``): the other nodes,
+    to whom it names another address, cannot reach the hub there."""
     try:
-        probe.connect((address[0], 9))  # no packet is sent: this only picks the route
-        return probe.getsockname()[0]
-    finally:
-        probe.close()
+        ipaddress.ip_address(host.strip("[]"))
+        return False
+    except ValueError:
+        return ipaddress.ip_address(address).is_loopback and host != "localhost"
 
 
 def is_local(host: str) -> bool:
@@ -124,7 +140,7 @@ def rank_target(config: dict, unix, environ=os.environ) -> tuple[object, dict | 
     return (where.host, where.port, key), hello
 
 
-def open_port(hub, config: dict, run: dict, output, event, environ=os.environ):
+def open_port(hub, config: dict, run_dir, run_id: str, event, environ=os.environ):
     """The hub of a job of several nodes: its TCP port for the other nodes (nodeport.py), or
     None (one node; or it cannot listen, which a warning says: the other nodes then train
     without ptdash, and clip and LR changes are refused)."""
@@ -135,11 +151,17 @@ def open_port(hub, config: dict, run: dict, output, event, environ=os.environ):
     if where is None or where.remote:
         return None
     try:
-        port = NodePort(hub, local_address(where.host), where.port, load_key(), where.job, config, output, run, event)
+        run = {"run_dir": str(run_dir), "run_id": run_id, "host": hub.host}
+        port = NodePort(hub, local_address(where.host), where.port, load_key(), where.job, config,
+                        run_dir / "output.log", run, event)
         port.start()
     except (OSError, LinkKeyError) as exc:
         event("warning", f"the hub cannot listen for the other nodes at {where.address}: {exc}; their ranks run "
               f"without ptdash (set {PORT_ENV} to another port)")
         return None
-    event(events.Node(node=0, host=port.host, port=port.port), f"the hub listens for the other nodes at {port.host}:{port.port}")
+    event(events.Node(node=0, host=port.host, port=port.port),
+          f"the hub listens for the other nodes at {port.host}:{port.port}")
+    if loopback_name(where.host, port.host):
+        event("warning", f"{where.host} names {port.host} on this machine, a loopback address other machines "
+              "cannot reach: give --rdzv-endpoint an address (or a name every node resolves alike)")
     return port

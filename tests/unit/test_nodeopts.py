@@ -74,3 +74,11 @@ def test_a_worker_knows_its_node_and_where_the_hub_listens():
     assert not place({**env, "GROUP_RANK": "0"}).remote
     assert place({**env, "LOCAL_WORLD_SIZE": "8"}) is None  # one node
     assert place({}) is None
+
+
+def test_the_hub_listens_on_the_rendezvous_address_never_on_every_interface():
+    from ptdash.nodes import is_local, local_address
+
+    assert local_address("127.0.0.1") == "127.0.0.1" and local_address("localhost") in ("127.0.0.1", "::1")
+    assert is_local("127.0.0.1") and not is_local("192.0.2.200")  # TEST-NET: no machine's own
+    assert local_address("192.0.2.200") not in ("0.0.0.0", "::")  # the route's address, not a wildcard
