@@ -42,7 +42,7 @@ from .journal import Journal
 from .patching import Patches
 from .preview import SchedulePreview
 from .profiling import Profiler
-from .ranks import RankCollector
+from .ranks import RankCollector, push_interval
 from .recorder import Recorder, UserValues
 from .shared import events, rundir
 from .shared import names as names_
@@ -337,6 +337,7 @@ class Engine:
     def _first_step(self) -> None:
         """Before the first update (every rank): join the command exchange if DDP is on."""
         self.dist.setup()
+        self.flusher.floor = 0.0 if self.primary else push_interval(self.dist.world_size)  # the hub keeps up
 
     def _discovered(self, opt) -> None:
         """After the first step: name what was found, learn the schedule length."""

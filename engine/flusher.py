@@ -82,6 +82,9 @@ class Flusher:
         self._push, self._ranks, self._interval, self._step_seconds = push, ranks, interval, step_seconds
         self._schedule, self._budget = schedule, budget
         self.push_layers = False
+        self.floor = 0.0
+        """Seconds between flushes at least: a rank in another process than the hub of a large
+        job flushes less often, so that the hub keeps up (ranks.push_interval)."""
         """Rank 0 in another process than the hub: its layer records and schedule go with its flushes."""
         self._stop = threading.Event()
         self._soon = threading.Event()
@@ -115,7 +118,7 @@ class Flusher:
         interval = self._interval
         if interval is None:
             interval = THINNED_INTERVAL_S if self._budget is not None and self._budget.every > 1 else INTERVAL_S
-        return min(1.0, max(interval, 4 * self._step_seconds()))
+        return max(self.floor, min(1.0, max(interval, 4 * self._step_seconds())))
 
     def stop(self, timeout: float = 10.0) -> None:
         """End the loop (after the flush it may be in); the caller flushes what is left."""

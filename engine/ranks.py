@@ -25,6 +25,20 @@ log = logging.getLogger("ptdash.ranks")
 QUEUED_FLUSHES = 4096
 """Flushes of other ranks kept for the store while the flusher is behind; the oldest go first."""
 
+FLUSH_COST_S = 0.001
+"""The hub's CPU for one flush of another rank, whatever its rows: mostly the store's two
+transactions (0.6-0.9 ms measured, benchmarks/hub_scale.py and README there)."""
+
+HUB_SHARE = 0.25
+"""The share of a core the other ranks' flushes may cost the hub."""
+
+
+def push_interval(world: int) -> float:
+    """Seconds between the flushes of each rank other than the hub's, at least: 4 ms a rank
+    (nothing below 63 ranks, whose 0.25 s is more; 4 s at 1,000), so that the hub's store
+    work stays under HUB_SHARE of a core however many ranks there are."""
+    return max(0, world - 1) * FLUSH_COST_S / HUB_SHARE
+
 
 class RankCollector:
     """Stores and publishes what the other ranks sent; names a rank that stalls.

@@ -233,3 +233,20 @@ def test_a_rank_the_hub_refuses_says_so_once_at_its_first_step_and_trains_on(hub
         assert hub.rank_pids() == {}
     finally:
         rank.close()
+
+
+def test_ranks_of_a_large_job_flush_less_often_so_that_the_hub_keeps_up():
+    from ptdash.flusher import INTERVAL_S
+    from ptdash.ranks import FLUSH_COST_S, HUB_SHARE, push_interval
+
+    assert push_interval(1) == 0 and push_interval(16) < INTERVAL_S  # small jobs: as before
+    assert push_interval(1000) == pytest.approx(999 * FLUSH_COST_S / HUB_SHARE)
+    # the other ranks' flushes then cost the hub HUB_SHARE of a core at most, however many
+    for world in (64, 1000, 10000):
+        assert (world - 1) / max(INTERVAL_S, push_interval(world)) * FLUSH_COST_S <= HUB_SHARE + 1e-9
+    from ptdash.flusher import Flusher
+
+    flusher = Flusher(None, None, None, None, None, None, lambda msg: None, push=lambda payload: None)
+    assert flusher.wait_s() == INTERVAL_S
+    flusher.floor = push_interval(1000)
+    assert flusher.wait_s() == pytest.approx(push_interval(1000))  # beyond the usual 1 s cap too
