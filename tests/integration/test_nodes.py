@@ -22,6 +22,7 @@ import torch
 from ptdash import link
 from ptdash.shared import authlink, events, rundir
 from ptdash.shared.client import Client
+from ptdash.shared.reader import StoreReader
 from support import users
 from support.runner import ENV, SCRIPTS, Run, kill_all, processes_in, wait_for
 
@@ -65,6 +66,16 @@ def _ports() -> int:
     raise RuntimeError("no two free ports in a row")
 
 
+def _node1(argv: list[str], cwd, env: dict, out, hidden, absent=None) -> subprocess.Popen:
+    """``argv`` as node 1: empty file systems over ``hidden`` (node 0's dirs), a host name of
+    its own; the shell proves node 0's files are out of sight (``absent``) before it starts."""
+    mounts = "; ".join(f"mount -t tmpfs -o mode=700 none {shlex.quote(str(d))} || exit 96" for d in hidden)
+    check = f"test ! -e {shlex.quote(str(absent))} || exit 97; " if absent else ""
+    shell = f"{mounts}; hostname {NODE1} || exit 96; {check}exec {shlex.join(argv)}"
+    return subprocess.Popen(["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", shell],
+                            cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
 class TwoNodes(Run):
     """Node 0 (the hub, with the run dir) and node 1 (hidden from it), both headless."""
 
@@ -85,18 +96,9 @@ class TwoNodes(Run):
                                       *args], cwd=self.n0, env=env, stdout=self.out, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         wait_for(lambda: (self.run_dir / "run.json").exists(), 60, what="node 0's run dir")
-        # Node 1: empty file systems over node 0's run dir and private directory, its own
-        # host name; the shell proves both are hidden before ptdash starts.
-        hidden = f"{shlex.quote(str(self.n0))} {shlex.quote(str(runtime))}"
-        node1 = shlex.join([*cli, *common, "--node-rank", "1", str(DDP), *args])
-        shell = (f"for d in {hidden}; do mount -t tmpfs -o mode=700 none $d || exit 96; done; "
-                 f"hostname {NODE1} || exit 96; "
-                 f"test ! -e {shlex.quote(str(self.run_dir / 'run.json'))} && test -z \"$(ls -A {runtime})\" "
-                 f"|| exit 97; exec {node1}")
         self.out1 = open(tmp_path / "node1.out", "w")
-        self.node1 = subprocess.Popen(["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", shell],
-                                      cwd=self.n1, env=env, stdout=self.out1, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
+        self.node1 = _node1([*cli, *common, "--node-rank", "1", str(DDP), *args], self.n1, env, self.out1,
+                            hidden=(self.n0, runtime), absent=self.run_dir / "run.json")
         wait_for(lambda: self.info().status == "running" or self.proc.poll() is not None
                  or self.node1.poll() is not None, 120, what="the job to start")
         assert self.node1.poll() is None, (tmp_path / "node1.out").read_text()
@@ -231,3 +233,41 @@ def test_a_killed_node_is_named_with_its_ranks_and_the_run_ends_as_torchrun_ends
     assert info.status == "crashed" and info.lost_nodes == [{"node": 1, "host": NODE1, "ranks": [1]}]
     assert info.detail.startswith(f"node 1 ({NODE1}) was lost; then rank 0 "), info.detail
     wait_for(lambda: not processes_in(run.n0) and not processes_in(run.n1), 60, what="nothing left behind")
+
+
+@needs_unshare
+def test_users_own_torchrun_on_two_nodes_reports_every_rank_to_the_hub(tmp_path):
+    """``torchrun --nnodes 2 --rdzv-backend c10d ... -m ptdash.bootstrap``: rank 0's engine is the
+    hub, wherever the rendezvous put it; the other node's rank reaches it over TCP."""
+    n0, n1, home, runtime = (tmp_path / n for n in ("n0", "n1", "home", "rt0"))
+    for d in (n0, n1, home, runtime):
+        d.mkdir(mode=0o700)
+    port = _ports()
+    env = {**ENV, "XDG_CONFIG_HOME": str(home), "XDG_RUNTIME_DIR": str(runtime)}
+
+    def torchrun(node: int) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+                "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-id", "job-31", "--local-addr", "127.0.0.1", "-m", "ptdash.bootstrap", str(DDP),
+                "--steps", "40", "--sleep", "0.02"]
+    with open(tmp_path / "node0.out", "w") as out0, open(tmp_path / "node1.out", "w") as out1:
+        node0 = subprocess.Popen(torchrun(0), cwd=n0, env=env, stdout=out0, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
+        node1 = _node1(torchrun(1), n1, env, out1, hidden=(n0, runtime))
+        try:
+            assert node0.wait(180) == 0 and node1.wait(180) == 0, \
+                (tmp_path / "node0.out").read_text()[-3000:] + (tmp_path / "node1.out").read_text()[-3000:]
+        finally:
+            for proc in (node0, node1):
+                if proc.poll() is None:
+                    proc.kill()
+            kill_all(processes_in(n0) + processes_in(n1))
+    runs = [p.parent for n in (n0, n1) for p in (n / "ptdash-runs").glob("*/run.json")]
+    assert len(runs) == 1, runs  # one run; the other node has a node dir of its own (under .nodes)
+    info = rundir.read_info(runs[0])
+    assert info.status == "finished" and info.world_size == 2 and set(info.hosts.values()) == \
+        {socket.gethostname(), NODE1}
+    with StoreReader(runs[0] / "metrics.db") as s:
+        assert s.last_step(0) == 40 and s.last_step(1) == 40
+        messages = [e.message for e in s.events()]
+    assert "rank channel up: 2 ranks on 2 hosts" in messages
