@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_the_reattach_benchmark_runs(tmp_path):
     """benchmarks/reattach.py at a small size, so it cannot rot (the 1M-step figures are its own run)."""
@@ -23,3 +25,14 @@ def test_the_export_benchmark_runs(tmp_path):
                              "--formats", "csv", "tensorboard"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "export csv" in result.stdout and "20,000 steps" in result.stdout and "peak RSS" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_hub_scale_benchmark_runs():
+    """benchmarks/hub_scale.py with two ranks for a few seconds (its figures are for 8 and 16)."""
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "hub_scale.py"
+    result = subprocess.run([sys.executable, str(bench), "--ranks", "2", "--seconds", "3", "--warmup", "1"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 ranks:" in result.stdout and "us per other rank's step" in result.stdout
+    assert "extrapolated to 1,000 ranks" in result.stdout and "rank channel:" in result.stdout
