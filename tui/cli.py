@@ -174,11 +174,11 @@ def launch(args: argparse.Namespace, target: list[str], name: str,
         raise CliError(f"--share-group: {exc}", 2) from None
     fields = dict(argv=target, cwd=os.getcwd(), python=sys.executable, config=config, group=group,
                   git=_git_commit(target), ptdash_version=__version__, total_steps=args.steps)
-    if args.run_dir:
+    nodes = getattr(args, "nodes", None)
+    if args.run_dir and (nodes is None or nodes.hub):  # another node's dir goes beside it (a shared home)
         checks.run_dir(args.run_dir)
     else:
-        checks.run_dir(Path(rundir.DEFAULT_ROOT), root=True)
-    nodes = getattr(args, "nodes", None)
+        checks.run_dir(args.run_dir.parent if args.run_dir else Path(rundir.DEFAULT_ROOT), root=True)
     try:
         if nodes is not None and not nodes.hub:  # the run dir is node 0's: this node gets its own
             run_dir = rundir.create_node_dir(args.run_dir.parent if args.run_dir else Path(rundir.DEFAULT_ROOT),

@@ -271,3 +271,26 @@ def test_users_own_torchrun_on_two_nodes_reports_every_rank_to_the_hub(tmp_path)
         assert s.last_step(0) == 40 and s.last_step(1) == 40
         messages = [e.message for e in s.events()]
     assert "rank channel up: 2 ranks on 2 hosts" in messages
+
+
+def test_another_nodes_ptdash_given_node_0s_run_dir_on_a_shared_home_makes_its_own_beside_it(tmp_path):
+    shared = tmp_path / "runs" / "exp"
+    shared.mkdir(parents=True)
+    (shared / "run.json").write_text("{}")  # node 0's, seen through the shared file system
+    port = _ports()
+    out = open(tmp_path / "node1.out", "w")
+    front = subprocess.Popen([sys.executable, "-m", "ptdash.tui.cli", "--headless", "--nnodes", "2", "--node-rank",
+                              "1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-dir", str(shared), str(DDP)],
+                             cwd=tmp_path, env=ENV, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        made = wait_for(lambda: list((tmp_path / "runs" / rundir.NODES).glob("*-exp-node1/run.json")), 60,
+                        what="node 1's own dir", interval=0.2)
+        assert rundir.read_info(made[0].parent).config is not None
+        assert sorted(p.name for p in shared.iterdir()) == ["run.json"]  # node 0's dir untouched
+        wait_for(lambda: "node 1 of 2: its ranks report to the hub on 127.0.0.1" in (tmp_path / "node1.out").read_text(),
+                 30, what="node 1's front to say where its ranks report")
+    finally:
+        front.kill()
+        front.wait()
+        out.close()
+        kill_all(processes_in(tmp_path))
