@@ -232,8 +232,7 @@ class Engine:
             self.checkpointer.guard_schedulers(self._patches, lambda: self.hooks.step)
         if self.primary:
             self.hub.start()
-            self.nodeport = nodes.open_port(self.hub, self.config.to_json(), self.run_dir, self.info.id,
-                                            self._hub_event)
+            self.nodeport = nodes.open_port(self.hub, self.config.to_json(), self.info, self._hub_event)
             self.server.start()
             rundir.register(self.info.id, self.run_dir)
             rundir.update_info(self.run_dir, status="running", pid=os.getpid(), started=time.time(),

@@ -16,6 +16,7 @@ import ipaddress
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from .shared import events
 
@@ -140,7 +141,7 @@ def rank_target(config: dict, unix, environ=os.environ) -> tuple[object, dict | 
     return (where.host, where.port, key), hello
 
 
-def open_port(hub, config: dict, run_dir, run_id: str, event, environ=os.environ):
+def open_port(hub, config: dict, info, event, environ=os.environ):
     """The hub of a job of several nodes: its TCP port for the other nodes (nodeport.py), or
     None (one node; or it cannot listen, which a warning says: the other nodes then train
     without ptdash, and clip and LR changes are refused)."""
@@ -151,9 +152,9 @@ def open_port(hub, config: dict, run_dir, run_id: str, event, environ=os.environ
     if where is None or where.remote:
         return None
     try:
-        run = {"run_dir": str(run_dir), "run_id": run_id, "host": hub.host}
+        run = {"run_dir": info.run_dir, "run_id": info.id, "host": hub.host}  # what node launchers are told
         port = NodePort(hub, local_address(where.host), where.port, load_key(), where.job, config,
-                        run_dir / "output.log", run, event)
+                        Path(info.run_dir) / "output.log", run, event)
         port.start()
     except (OSError, LinkKeyError) as exc:
         event("warning", f"the hub cannot listen for the other nodes at {where.address}: {exc}; their ranks run "
