@@ -331,10 +331,13 @@ class Server:
             elif not hmac.compare_digest(msg.token.encode("utf-8", "replace"), self._token.encode()):
                 self._refuse(client, "wrong token")
             else:
-                client.authed = True
                 client.name = _printable(msg.client[:32])
                 frames = b"".join(wire.encode(m) for m in [self._welcome, *self._on_connect()])
                 with self._lock:
+                    # Served from here on, under the lock that ``publish`` holds, after its Welcome:
+                    # a message published by another thread (a status, a flush's metrics)
+                    # between the two reached a new client before its Welcome, which refused it.
+                    client.authed = True
                     client.out += frames
             return
         if isinstance(msg, Command):

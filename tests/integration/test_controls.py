@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -14,6 +15,7 @@ import torch
 
 from ptdash.shared import rundir
 from ptdash.shared.client import Client
+from ptdash.shared.events import read
 from ptdash.shared.protocol import Ack, Command, Hello, TransportError
 from ptdash.shared.wire import encode
 from support.runner import SCRIPTS, Run, ptdash, wait_for
@@ -319,3 +321,55 @@ def test_clip_override_without_script_clipping_keeps_per_layer_norms(tmp_path):
         steps, clip = s.series("grad/clip_max")
     assert layers and all(len(record.grad_norms) == 4 for record in layers)
     assert steps == list(range(1, 31)) and set(clip) == {0.5}
+
+
+STORM_SENDER = """
+import json, sys
+from pathlib import Path
+from ptdash.shared.protocol import Command
+from ptdash.tui.ctl import send_command
+
+run_dir, who = Path(sys.argv[1]), sys.argv[2]
+plan = [("pause", None), ("pause", None), ("resume", None), ("resume", None), ("clip", 0.5), ("clip", -1.0),
+        ("lr_scale", 0.9), ("lr_scale", 1.0), ("clip", None), ("no-such-command", None)]
+for n, (name, value) in enumerate(plan):
+    ack = send_command(run_dir, Command(id=f"{who}-{n}", name=name, value=value), timeout=120)
+    print(json.dumps(None if ack is None else [ack.id, ack.ok, ack.message]), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_storm_of_commands_from_twenty_processes_is_answered_and_journaled_once_each(run, tmp_path):
+    """200 commands from 20 processes at once, half of them refused (already paused, not paused,
+    a bad value, an unknown name): each gets one answer, and each answer is in the journal."""
+    run.wait_step(3)
+    import subprocess
+    import sys
+
+    from support.runner import ENV
+
+    senders = [subprocess.Popen([sys.executable, "-c", STORM_SENDER, str(run.run_dir), f"p{i}"], env=ENV,
+                                stdout=subprocess.PIPE, text=True) for i in range(20)]
+    answers = []
+    for sender in senders:
+        out, _ = sender.communicate(timeout=300)
+        assert sender.returncode == 0
+        answers += [json.loads(line) for line in out.splitlines()]
+    assert None not in answers and len(answers) == 200
+    assert sorted(a[0] for a in answers) == sorted(f"p{i}-{n}" for i in range(20) for n in range(10))
+    refused = [a for a in answers if not a[1]]
+    assert len(refused) >= 60  # three of each ten are always refused; the pauses and resumes race
+    run.send("resume")  # whichever sender paused last
+    run.wait_step(run.last_step() + 2)
+
+    def journaled():
+        with run.store() as s:
+            found = [read(e) for e in s.events(kind="command")]
+        return found if {a.id for a in found} >= {a[0] for a in answers} else None
+
+    journal = {}
+    for answer in wait_for(journaled, 120, what="every answer in the journal"):
+        journal.setdefault(answer.id, []).append(answer)
+    for command_id, ok, _ in answers:
+        (entry,) = journal[command_id]  # exactly once
+        assert entry.ok is ok

@@ -345,3 +345,31 @@ def test_notes_about_refusals_are_rate_limited_but_all_kept(served, caplog):
     assert sum("not UTF-8 JSON" in note for note in served.server.refusals) == 40
     served.server.stop()
     assert any("more notes about clients were not logged" in r.getMessage() for r in caplog.records)
+
+
+def test_a_message_published_while_a_client_is_welcomed_never_comes_before_its_welcome(tmp_path):
+    """Another thread publishes (a status, a flush's metrics) while the server greets a new
+    client: the client's first message is still its Welcome (it was the message published,
+    and ctl said "the engine did not answer the handshake" under a storm of commands)."""
+    path = tmp_path / "s.sock"
+    box: list[Server] = []
+
+    def greeting() -> list:
+        box[0].publish(Status(state="running", step=4))  # as the flusher would, mid-handshake
+        return [Status(state="running", step=3)]
+
+    server = Server(path, TOKEN, Welcome(run_id="r1", run_dir=str(tmp_path), pid=os.getpid()),
+                    on_command=lambda cmd: None, on_connect=greeting)
+    box.append(server)
+    server.start()
+    try:
+        first = Client(path, TOKEN, name="early")
+        first.connect()  # a client already served, so publishing is not skipped for want of one
+        for _ in range(5):
+            client = Client(path, TOKEN, name="test")
+            welcome = client.connect()
+            assert welcome.run_id == "r1" and client.recv(timeout=5) == Status(state="running", step=3)
+            client.close()
+        first.close()
+    finally:
+        server.stop()
