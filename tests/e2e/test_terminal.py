@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import signal
 import sys
 import time
 
@@ -10,7 +13,7 @@ import pytest
 
 from ptdash.shared import rundir
 from ptdash.shared.reader import StoreReader
-from support.runner import ENV, SCRIPTS
+from support.runner import ENV, SCRIPTS, kill_all, processes_in, rank_pid
 from support.tmux import Terminal, require_tmux
 
 PTDASH = f"{sys.executable} -m ptdash.tui.cli"
@@ -145,3 +148,31 @@ def test_killing_the_terminal_keeps_training_and_attach_catches_up(term, tmp_pat
         assert last_step(run_dir) == held
     finally:
         kill_engine(run_dir)
+
+
+def test_a_stalled_rank_is_marked_in_the_ranks_tab_of_a_live_ddp_run(term, tmp_path):
+    """Two gloo ranks under the dashboard; rank 1's process stopped (SIGSTOP): the engine's
+    stall detector names it and the Ranks tab marks its row, until it steps again."""
+    shutil.copy(SCRIPTS / "ddp_bugs.py", tmp_path / "train.py")
+    run_dir = tmp_path / "run"
+    term.start("main", f"{PTDASH} --run-dir run --nproc-per-node 2 --stall-timeout 2 train.py --sleep 0.05",
+               cwd=tmp_path, width=120, height=36, env=TERM_ENV)
+    try:
+        wait_until(lambda: last_step(run_dir) >= 5, 180, "both ranks to step")
+        term.keys("main", "5")
+        term.wait_for("main", "step time per rank", 30)
+        rank1 = rank_pid(tmp_path, 1)
+        os.kill(rank1, signal.SIGSTOP)
+        try:
+            screen = term.wait_for("main", "stalled", 120)
+            (row,) = [line for line in screen.splitlines() if re.search(r"stalled\s+at step \d+", line)]
+            assert re.match(r"\W*1\b", row), screen  # rank 1's row; rank 0, which waits for it, is not marked
+        finally:
+            os.kill(rank1, signal.SIGCONT)
+        wait_until(lambda: "stalled" not in term.screen("main"), 120, "the mark to clear as rank 1 steps again")
+        term.keys("main", "q")
+        term.wait_for("main", "Leave running", 10)
+        term.keys("main", "s")  # stop it
+        term.wait_for("main", "EXITED", 120)
+    finally:
+        kill_all(processes_in(tmp_path))

@@ -164,6 +164,23 @@ def processes_in(cwd: Path) -> list[int]:
     return pids
 
 
+def rank_pid(cwd: Path, rank: int, timeout: float = 60) -> int:
+    """The pid of the training process of ``rank`` working in ``cwd`` (torchrun gives each
+    its RANK in its environment; the launcher itself has none)."""
+    def ranked():
+        found = []
+        for pid in processes_in(cwd):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in environ:
+                found.append(pid)
+        return found
+    (pid,) = wait_for(ranked, timeout, what=f"rank {rank}'s process")
+    return pid
+
+
 def kill_all(pids) -> None:
     for pid in pids:
         try:
