@@ -46,6 +46,27 @@ def wait_until(predicate, timeout=60, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def enter_value(term, key: str, hint: str, value: str) -> None:
+    """Open a value dialog with ``key`` (it is up once its ``hint`` shows: a text of the
+    dialog alone, not the footer's), replace its value with ``value`` and apply it, each
+    step once the screen shows the last one took (a busy machine draws late)."""
+    term.keys("main", key)
+    term.wait_for("main", hint, 30)
+    # The dialog selects its current value once it is up: typing replaces it. Until the
+    # typed value shows alone in the field, the keys may have come too early: select all
+    # clear the field (ctrl+a, ctrl+k: its start, then delete to its end) and type again.
+    field = re.compile(rf"▊\s*{re.escape(value)}\s*▎")
+    deadline = time.monotonic() + 60
+    term.type("main", value)
+    while not field.search(term.screen("main")):
+        assert time.monotonic() < deadline, term.screen("main")
+        time.sleep(0.5)
+        if not field.search(term.screen("main")):
+            term.keys("main", "C-a", "C-k")
+            term.type("main", value)
+    term.keys("main", "Enter")
+
+
 def kill_engine(run_dir) -> None:
     import os
     import signal
@@ -79,28 +100,16 @@ def test_demo_pause_resume_controls_and_leave_running(term, tmp_path):
         assert list((run_dir / "checkpoints").glob("step-*.pt"))
 
         # g with a bad value shows the error and sends nothing; a good one is applied.
-        term.keys("main", "g")
-        term.wait_for("main", "Gradient clip norm", 10)
-        time.sleep(0.3)
-        term.type("main", "-1")  # the current value is selected: typing replaces it
-        term.keys("main", "Enter")
-        term.wait_for("main", "finite number > 0", 10)
+        enter_value(term, "g", "Largest total grad norm", "-1")
+        term.wait_for("main", "finite number > 0", 30)
         term.keys("main", "Escape")  # cancel, and nothing was sent
-        time.sleep(0.5)
-        term.keys("main", "g")
-        term.wait_for("main", "Gradient clip norm", 10)
-        time.sleep(0.3)
-        term.type("main", "0.5")
-        term.keys("main", "Enter")
-        term.wait_for("main", "clip norm 0.5 from step", 30)
+        wait_until(lambda: "Largest total grad norm" not in term.screen("main"), 30, "the dialog to close")
+        enter_value(term, "g", "Largest total grad norm", "0.5")
+        term.wait_for("main", "clip norm 0.5 from step", 60)
 
         # l sets the LR factor.
-        term.keys("main", "l")
-        term.wait_for("main", "LR factor", 10)
-        time.sleep(0.3)
-        term.type("main", "0.5")
-        term.keys("main", "Enter")
-        term.wait_for("main", "LR factor 1 -> 0.5", 30)
+        enter_value(term, "l", "Multiplies every param group", "0.5")
+        term.wait_for("main", "LR factor 1 -> 0.5", 60)
 
         # q, then "leave running": the dashboard exits, training goes on.
         term.keys("main", "q")
