@@ -32,7 +32,7 @@ from .anomalies import Anomalies
 from .budget import Budget
 from .checkpoint import Checkpointer
 from .controls import Controls, Settings
-from .discovery import Discovery, find_models, model_names, param_names
+from .discovery import Discovery, model_names, param_names
 from .distributed import Distributed, env_rank
 from .doctor import Doctor
 from .flusher import Flusher, LayerNaming
@@ -45,14 +45,12 @@ from .profiling import Profiler
 from .ranks import RankCollector, push_interval
 from .recorder import Recorder, UserValues
 from .shared import events, rundir
-from .shared import names as names_
 from .shared.config import RunConfig
 from .shared.limits import check_setting
 from .shared.protocol import Event, LayerNames, Metrics, Samples, Schedule, Status, Welcome
 from .shared.store import STORE_NAME, StoreWriter
 from .shared.transport import Server
 from .shared.wire import from_dict
-from .tracked import HANDOVER_STEPS
 
 log = logging.getLogger("ptdash.engine")
 
@@ -114,8 +112,8 @@ class Engine:
                                    lambda params: param_names(self.discovery.models, params))
         self.anomalies.judge_loss = leads  # the loss is the run's: rank 0 judges it once
         self.hooks = Hooks(self.settings, self.controls, self.recorder, self.doctor, self.discovery, self.anomalies,
-                           self.user_values, self._first_step, self._discovered, self._step_end, self._no_step,
-                           self._new_optimizer, self._handed_over, budget=self.budget)
+                           self.user_values, self.journal, self.budget, self._first_step, self._discovered,
+                           self._step_end)
         self.naming = LayerNaming(self.discovery)
         self._patches = Patches()
         """The engine's own patches (the resumed run's scheduler guard)."""
@@ -348,27 +346,6 @@ class Engine:
         self.journal.event(events.RunNote(models=tuple(names)), f"found model {', '.join(names) or 'none'}, "
                            f"{len(d.live(d.optimizers))} optimizer(s), {len(d.top_schedulers())} scheduler(s)")
         self.journal.set_state("running" if self.journal.state == "starting" else None)
-
-    def _new_optimizer(self, index: int, opt) -> None:
-        """Another optimizer stepped: its series are opt<index>/..., named after its model."""
-        names = model_names(find_models([opt]))
-        self.journal.event(events.Optimizer(index=index, cls=type(opt).__name__, models=", ".join(names) or None),
-                           f"optimizer {index} ({type(opt).__name__}) updates {', '.join(names) or 'no model'}: "
-                           f"its series are {names_.of_optimizer(index, '...')}")
-
-    def _handed_over(self, opt, old, index: int) -> None:
-        """Another optimizer stepped several times in a row with no step of the main one between:
-        it is the main one now."""
-        was = type(old).__name__ if old is not None else "the first one"
-        self.journal.event(events.Optimizer(index=0, cls=type(opt).__name__, main_from=self.hooks.step + 1),
-                           f"{type(opt).__name__} is the main optimizer from step {self.hooks.step + 1}: "
-                           f"it stepped {HANDOVER_STEPS} times with no step of {was} between "
-                           f"(whose series are {names_.of_optimizer(index, '...')} now)")
-
-    def _no_step(self, backwards: int) -> None:
-        """Backwards run, and neither an optimizer step nor an update cycle can be seen."""
-        self.doctor.report("no-step", f"{backwards} backward() calls and no step: no torch.optim optimizer stepped, "
-                           "and the gradients were never cleared between backward() calls")
 
     def _schedule_end(self, step: int) -> None:
         """A previewed schedule ends at ``step`` (flusher thread): the run's total, unless

@@ -72,27 +72,22 @@ class Hooks:
     It is handed what a step touches: the live ``settings``, the ``controls``
     applied at step boundaries, the ``recorder`` the records go to, the ``doctor``, the
     ``discovery`` registries, the ``anomalies`` handler of a non-finite step, the values
-    ``ptdash.log`` gave (``user_values``), and three moments of the lifecycle:
-    ``first_step()`` (before the first update: join the rank channel),
-    ``discovered(opt)`` (after the first step) and ``step_end(step)``; ``no_step()`` is
-    called once if backwards run and no step can be found, ``new_optimizer(k, opt)`` when
-    another optimizer steps for the first time.
+    ``ptdash.log`` gave (``user_values``), the ``journal`` (told of each other optimizer
+    and of a handover of the main role), the ``budget`` that samples the steps, and three
+    moments of the lifecycle: ``first_step()`` (before the first update: join the rank
+    channel), ``discovered(opt)`` (after the first step) and ``step_end(step)``.
     """
 
-    def __init__(self, settings, controls, recorder, doctor, discovery, anomalies, user_values,
-                 first_step: Callable[[], None], discovered: Callable[[Any], None],
-                 step_end: Callable[[int], None], no_step: Callable[[int], None] = lambda n: None,
-                 new_optimizer: Callable[[int, Any], None] = lambda index, opt: None,
-                 handed_over: Callable[[Any, Any, int], None] = lambda opt, old, index: None,
-                 budget: Budget | None = None) -> None:
+    def __init__(self, settings, controls, recorder, doctor, discovery, anomalies, user_values, journal,
+                 budget: Budget, first_step: Callable[[], None], discovered: Callable[[Any], None],
+                 step_end: Callable[[int], None]) -> None:
         self.settings, self.doctor, self._discovery = settings, doctor, discovery
         self.state = state = StepState()
         """What the step boundary's parts share about the step under way (stepstate.py)."""
-        budget = budget if budget is not None else Budget()
         self.loaders = Loaders()
         self.loaders.began = state.began
         self.manual = ManualSteps()
-        self.optimizers = Optimizers(state, discovery, self.manual, new_optimizer, handed_over)
+        self.optimizers = Optimizers(state, discovery, self.manual, journal)
         """Which optimizer is which (tracked.py)."""
         self.pre = PreStep(state, self.optimizers, settings, controls, anomalies, doctor, budget, first_step)
         """The optimizer pre-step hook and the main step's boundary (prestep.py)."""
@@ -102,7 +97,7 @@ class Hooks:
                            doctor, controls, settings, budget, discovery, self.manual, discovered, step_end)
         """The optimizer post-step hook: the step's record and the next step's path (stepend.py)."""
         self.inferred = InferredSteps(state, self.manual, self.optimizers, self.pre, self.end, discovery, settings,
-                                      budget, anomalies, no_step)
+                                      budget, anomalies, doctor)
         """The steps of a script with no optimizer (manual.py)."""
         budget.on_change.append(self.end.period_changed)
         discovery.on_models.append(self.forward.models_changed)

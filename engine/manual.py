@@ -162,14 +162,14 @@ class InferredSteps:
     (prestep.py), in the shared per-step ``state`` (stepstate.py). ``optimizers`` says
     whether an optimizer stepped, ``discovery`` whether the script made one; ``settings``,
     ``budget`` and ``anomalies`` give the live clip, the sampled steps and what a
-    non-finite step does; ``no_step(n)`` is called once when many backwards ran and no step
+    non-finite step does; the ``doctor`` is told once when many backwards ran and no step
     of any kind was seen.
     """
 
-    def __init__(self, state, manual, optimizers, pre, end, discovery, settings, budget, anomalies, no_step) -> None:
+    def __init__(self, state, manual, optimizers, pre, end, discovery, settings, budget, anomalies, doctor) -> None:
         self._state, self.manual, self._optimizers, self._pre, self._end = state, manual, optimizers, pre, end
         self._discovery, self._settings, self._budget, self._anomalies = discovery, settings, budget, anomalies
-        self._no_step = no_step
+        self._doctor = doctor
 
     def optimizer_less(self) -> bool:
         """Whether the script made no torch.optim optimizer (a skipped one still counts)."""
@@ -213,4 +213,5 @@ class InferredSteps:
     def note_backward_without_step(self) -> None:
         """Count a backward while no step of any kind is known (the doctor says so once)."""
         if self.manual.count_backward():  # many backwards, no step of any kind: say so once
-            self._no_step(self.manual.backwards)
+            self._doctor.report("no-step", f"{self.manual.backwards} backward() calls and no step: no torch.optim "
+                                "optimizer stepped, and the gradients were never cleared between backward() calls")

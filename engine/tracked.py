@@ -11,6 +11,8 @@ import weakref
 import torch
 
 from . import metrics
+from .discovery import find_models, model_names
+from .shared import events, names
 
 _GRAD = operator.attrgetter("grad")
 _IS_SET = functools.partial(operator.is_not, None)
@@ -103,13 +105,13 @@ class Optimizers:
 
     The first optimizer that steps is the main one (a GAN's discriminator, say); every other
     one's steps are recorded at the main step they follow, under ``opt<k>/...`` names (k in
-    the order they first stepped). ``new_optimizer(k, opt)`` is called when another one
-    steps for the first time, ``handed_over(opt, old, k)`` when one takes the main role.
+    the order they first stepped). The ``journal`` is told when another one steps for the
+    first time and when one takes the main role; the main one is added to ``discovery``'s
+    optimizers, and ``manual`` (manual.py) stops inferring steps.
     """
 
-    def __init__(self, state, discovery, manual, new_optimizer, handed_over) -> None:
-        self._state, self._discovery, self._manual = state, discovery, manual
-        self._new_optimizer, self._handed_over = new_optimizer, handed_over
+    def __init__(self, state, discovery, manual, journal) -> None:
+        self._state, self._discovery, self._manual, self._journal = state, discovery, manual, journal
         self.main: Tracked | None = None
         """The main optimizer's bookkeeping, or None before any optimizer stepped."""
         self.by_id: dict[int, Tracked] = {}
@@ -129,7 +131,7 @@ class Optimizers:
                 self._discovery.add(self._discovery.optimizers, opt)
             else:
                 tracked = Tracked(opt, 1 + sum(t.index > 0 for t in self.by_id.values()))
-                self._new_optimizer(tracked.index, opt)
+                self._journal_new(tracked.index, opt)
             self.by_id[id(opt)] = tracked
         elif tracked.index and tracked.stepped_at == self._state.step and tracked.alone >= HANDOVER_STEPS - 1:
             self.hand_over(tracked)
@@ -146,7 +148,19 @@ class Optimizers:
         self._state.lean = {}  # decided for the old roles
         opt = tracked.ref()
         self._discovery.add(self._discovery.optimizers, opt)
-        self._handed_over(opt, old.ref(), old.index)
+        was = type(old.ref()).__name__ if old.ref() is not None else "the first one"
+        step = self._state.step + 1
+        self._journal.event(events.Optimizer(index=0, cls=type(opt).__name__, main_from=step),
+                            f"{type(opt).__name__} is the main optimizer from step {step}: "
+                            f"it stepped {HANDOVER_STEPS} times with no step of {was} between "
+                            f"(whose series are {names.of_optimizer(old.index, '...')} now)")
+
+    def _journal_new(self, index: int, opt) -> None:
+        """Another optimizer stepped: its series are opt<index>/..., named after its model."""
+        models = model_names(find_models([opt]))
+        self._journal.event(events.Optimizer(index=index, cls=type(opt).__name__, models=", ".join(models) or None),
+                            f"optimizer {index} ({type(opt).__name__}) updates {', '.join(models) or 'no model'}: "
+                            f"its series are {names.of_optimizer(index, '...')}")
 
 
 class ClipNotes:
