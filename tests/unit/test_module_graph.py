@@ -1,4 +1,5 @@
-"""The shape of the source tree: no import circles, no module-level ``__getattr__``.
+"""The shape of the source tree: no import circles, no module-level ``__getattr__``, no
+module over MAX_LINES lines.
 
 Every ``import`` and ``from ... import`` in engine/ and tui/ is an edge, wherever it sits
 (a function's lazy import and a ``TYPE_CHECKING`` one too: each still says which module is
@@ -13,6 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (("ptdash.tui", ROOT / "tui"), ("ptdash", ROOT / "engine"))
+MAX_LINES = 400
+"""A module does one thing; past this many lines it does several (STYLE.md): split it by
+what it does, not by moving lines to a mixin or a helper of the same class."""
 
 
 def modules(packages=PACKAGES) -> dict[str, Path]:
@@ -102,6 +106,12 @@ def test_no_module_defines_a_module_level_getattr():
                if any(isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
                       for node in ast.parse(path.read_text()).body)]
     assert defined == []
+
+
+def test_no_module_is_over_the_line_limit():
+    lines = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in modules().values()}
+    assert {path: n for path, n in lines.items() if n > MAX_LINES} == {}
+    assert len(lines) > 100 and "engine/hooks.py" in lines  # the walk sees the whole tree
 
 
 def test_the_walk_finds_a_circle_through_a_lazy_import(tmp_path):
