@@ -14,7 +14,9 @@ before committing.
 
 from __future__ import annotations
 
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -101,6 +103,22 @@ def test_single_rank_tabs(snap_compare, single_run, key):
 @pytest.mark.parametrize("key", ["5", "6"], ids=["ranks", "doctor"])
 def test_ddp_tabs(snap_compare, ddp_run, key):
     app, loaded = replay(ddp_run)
+    assert snap_compare(app, press=[key], terminal_size=WIDE, run_before=loaded)
+
+
+@pytest.fixture(scope="module")
+def engine_run(tmp_path_factory):
+    """A two-rank run the real engine wrote (record_engine_run.py): rank 1 stopped mid-run and
+    named stalled, a model trained in eval mode, a Python warning; copied, as replaying writes
+    nothing but SQLite may want its side files beside the store."""
+    run_dir = tmp_path_factory.mktemp("engine") / "run"
+    shutil.copytree(Path(__file__).parent / "runs" / "ddp-stalled", run_dir)
+    return run_dir
+
+
+@pytest.mark.parametrize("key", ["1", "5", "6"], ids=["overview", "ranks", "doctor"])
+def test_a_run_the_real_engine_wrote(snap_compare, engine_run, key):
+    app, loaded = replay(engine_run)
     assert snap_compare(app, press=[key], terminal_size=WIDE, run_before=loaded)
 
 

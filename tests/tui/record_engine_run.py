@@ -1,0 +1,90 @@
+"""Record the run the snapshot tests replay as one the real engine wrote: ``python tests/tui/record_engine_run.py``.
+
+Runs ``tests/scripts/ddp_bugs.py`` as ``train.py`` through ``ptdash --headless
+--nproc-per-node 2`` (two gloo ranks), stops rank 1's process (SIGSTOP) after step 20 until
+the engine names it stalled, lets it go on, and lets the job finish. The run dir's
+``run.json``, ``metrics.db`` (checkpointed into one file) and ``output.log`` land in
+``tests/tui/runs/ddp-stalled/`` as the engine wrote them, recorded under a fixed path
+(RECORD_DIR), so that nothing on screen names a temporary directory. Record again after a
+change to what the engine stores, then ``pytest --snapshot-update tests/tui/test_snapshots.py``
+and look at the new screens before committing both.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+OUT = HERE / "runs" / "ddp-stalled"
+RECORD_DIR = Path("/tmp/ptdash-recording")
+"""Where the job runs: the paths the run holds (its script, its run dir) name this, on every machine."""
+KEPT = ("run.json", "metrics.db", "output.log")
+
+sys.path.insert(0, str(REPO / "tests"))
+from ptdash.shared import events  # noqa: E402
+from ptdash.shared.reader import StoreReader  # noqa: E402
+from support.runner import ENV, rank_pid, wait_for  # noqa: E402 - after the path it lives on
+
+
+def _stalls(run_dir: Path) -> list[events.Stall]:
+    try:
+        with StoreReader(run_dir / "metrics.db") as s:
+            return [what for e in s.events() if isinstance(what := events.read(e), events.Stall)]
+    except Exception:  # noqa: BLE001 - not there yet
+        return []
+
+
+def _last_step(run_dir: Path, rank: int) -> int:
+    try:
+        with StoreReader(run_dir / "metrics.db") as s:
+            return s.last_step(rank) or 0
+    except Exception:  # noqa: BLE001 - not there yet
+        return 0
+
+
+def record() -> None:
+    shutil.rmtree(RECORD_DIR, ignore_errors=True)
+    RECORD_DIR.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "scripts" / "ddp_bugs.py", RECORD_DIR / "train.py")
+    run_dir = RECORD_DIR / "run"
+    env = {**ENV, "PYTHONWARNINGS": "default", "TZ": "UTC"}
+    front = subprocess.Popen(
+        [sys.executable, "-m", "ptdash.tui.cli", "--headless", "--nproc-per-node", "2", "--stall-timeout", "2",
+         "--run-dir", str(run_dir), "train.py", "--steps", "80", "--sleep", "0.05"],
+        cwd=RECORD_DIR, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _last_step(run_dir, 1) >= 20, 300, what="rank 1 past step 20")
+        rank1 = rank_pid(RECORD_DIR, 1)
+        os.kill(rank1, signal.SIGSTOP)
+        try:
+            wait_for(lambda: any(s.ranks == (1,) for s in _stalls(run_dir)), 120, what="the stall named")
+        finally:
+            os.kill(rank1, signal.SIGCONT)
+        assert front.wait(300) == 0
+    finally:
+        if front.poll() is None:
+            front.kill()
+    assert any(s.ended for s in _stalls(run_dir)), "the stall's end"
+    shutil.rmtree(OUT, ignore_errors=True)
+    OUT.mkdir(parents=True)
+    for name in (*KEPT, "metrics.db-wal"):
+        if (run_dir / name).exists():
+            shutil.copy(run_dir / name, OUT / name)
+    with sqlite3.connect(OUT / "metrics.db") as db:  # the WAL folded in: one file to commit
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.execute("PRAGMA journal_mode=DELETE")
+    for extra in ("metrics.db-wal", "metrics.db-shm"):
+        (OUT / extra).unlink(missing_ok=True)
+    print(f"recorded {OUT} ({sum(p.stat().st_size for p in OUT.iterdir()) / 1e6:.1f} MB) at {time.ctime()}")
+
+
+if __name__ == "__main__":
+    record()
