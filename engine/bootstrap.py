@@ -143,6 +143,8 @@ def main() -> int:
     relay = OutputRelay.start(run_dir, link)
     try:
         engine = Engine(run_dir, config)
+        if relay is not None:
+            relay.printed = engine.printed
         if run_dir is not None:
             _hand_down(engine.primary)
         engine.start()

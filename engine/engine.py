@@ -41,6 +41,7 @@ from .hub import Hub
 from .journal import Journal
 from .patching import Patches
 from .preview import SchedulePreview
+from .printed import PrintedMetrics
 from .profiling import Profiler
 from .ranks import RankCollector, push_interval
 from .recorder import Recorder, UserValues
@@ -130,8 +131,11 @@ class Engine:
                                         on_end=self._schedule_end) if leads else None)
         self.ranks = (RankCollector(self.store, self._publish, self.journal.event, lambda: self.journal.state,
                                     config.stall_seconds, self.hub.rank_pids, self._stalled) if self.primary else None)
+        self.printed = (PrintedMetrics(lambda: self.hooks.step, self.journal.event, self.user_values.names)
+                        if config.parse_output else None)
+        """The metrics the script prints; the output relay feeds it (bootstrap.py), the flusher drains it."""
         self.flusher = Flusher(self.recorder, self.journal, self.doctor, self.anomalies, self.naming,
-                               system.SystemSampler(), self._publish, store=self.store,
+                               system.SystemSampler(), self._publish, store=self.store, printed=self.printed,
                                push=None if self.primary else self.dist.push, ranks=self.ranks,
                                interval=config.flush_interval, step_seconds=lambda: self.hooks.state.last_step_s,
                                schedule=self.preview, budget=self.budget)

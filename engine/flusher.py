@@ -16,6 +16,7 @@ import time
 from typing import Callable
 
 from .discovery import Discovery, param_names
+from .printed import merge
 from .recorder import Recorder, _to_host
 from .shared import events, packed
 from .shared.protocol import LayerNames, Layers, Message, Metrics, Samples
@@ -66,7 +67,8 @@ class Flusher:
     """Runs the flush loop on its own thread; ``flush()`` can also be called directly.
 
     ``publish`` sends to the dashboards (rank 0) and ``store`` writes (rank 0); ``push``
-    hands a flush to rank 0 (other ranks); ``ranks`` collects the other ranks (rank 0
+    hands a flush to rank 0 (other ranks); ``printed`` (printed.PrintedMetrics) holds the
+    metrics the script printed, written with the rows of their steps; ``ranks`` collects the other ranks (rank 0
     of a multi-rank run); ``schedule`` (preview.SchedulePreview, rank 0) is shown each
     flush's rows and says what to send about the LR schedule ahead. ``interval``: the
     seconds between flushes, or None for INTERVAL_S (THINNED_INTERVAL_S while ``budget``
@@ -76,11 +78,15 @@ class Flusher:
     def __init__(self, recorder: Recorder, journal, doctor, anomalies, naming: LayerNaming, sampler,
                  publish: Callable[[Message], None], store=None, push: Callable[[dict], None] | None = None,
                  ranks=None, interval: float | None = None, step_seconds: Callable[[], float] = lambda: 0.0,
-                 schedule=None, budget=None) -> None:
+                 schedule=None, budget=None, printed=None) -> None:
         self._recorder, self._journal, self._doctor, self._anomalies = recorder, journal, doctor, anomalies
         self._naming, self._sampler, self._publish, self._store = naming, sampler, publish, store
         self._push, self._ranks, self._interval, self._step_seconds = push, ranks, interval, step_seconds
         self._schedule, self._budget = schedule, budget
+        self._printed = printed
+        """The metrics the script printed (printed.PrintedMetrics), stored with the steps' rows."""
+        self._earlier: list = []
+        """The previous flush's rows: the wall times of the steps a printed value may come late for."""
         self.push_layers = False
         self.floor = 0.0
         """Seconds between flushes at least: a rank in another process than the hub of a large
@@ -170,6 +176,10 @@ class Flusher:
         self._doctor.on_flush(rows, layer_rows, _to_host)
         self._anomalies.check_rows(rows)
         stored, live = self._layers(layer_rows)
+        if self._printed is not None:
+            # After the judging (a printed value is the script's, not a step's record), before
+            # the journal's drain: a first value's event goes with the value or before it.
+            rows, self._earlier = merge(rows, self._printed.drain(), self._earlier), rows or self._earlier
         events = self._journal.drain()
         samples = [self.sample()] if sample else []
         if self._push is not None:

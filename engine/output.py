@@ -47,6 +47,9 @@ class OutputRelay:
         os.dup2(write, 2)
         os.close(write)
         self._failing = False
+        self.printed = None
+        """The metrics the script prints (printed.PrintedMetrics, set once the engine is built):
+        each chunk copied is shown to it, on this thread, never the training thread."""
         self._lock = threading.Lock()
         os.set_blocking(read, False)
         self._thread = threading.Thread(target=self._loop, name="ptdash-output", daemon=True)
@@ -82,6 +85,10 @@ class OutputRelay:
                     return
                 if not data:
                     return
+                printed = self.printed
+                if printed is not None:
+                    # Read before it is written: what output.log shows was read at its step.
+                    printed.feed(data)  # never raises: the output goes on whatever a line holds
                 self._write(data)
 
     def _write(self, data: bytes) -> None:
@@ -126,6 +133,9 @@ class OutputRelay:
                 if not _unread(self._read):
                     break
             time.sleep(0.005)
+        if self.printed is not None:
+            with self._lock:
+                self.printed.finish()  # an unfinished last line counts as it stands
         if self.unwritten:
             diskspace.NOTICE.say(f"{diskspace.fmt_bytes(self.unwritten)} ({self.unwritten} bytes) of the script's "
                                  "output could not be written to output.log")

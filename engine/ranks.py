@@ -70,7 +70,7 @@ class RankCollector:
         """Write and publish what the ranks sent; look for stalls (flusher thread)."""
         now = time.monotonic()
         if own_rows:
-            self._progress[0] = (own_rows[-1][0], now)
+            self._advanced(0, own_rows[-1][0], now)
         while self._queue:
             rank, payload = self._queue.popleft()
             try:
@@ -91,9 +91,15 @@ class RankCollector:
             self._publish(event)
         if rows:
             self._publish(Metrics(rows=rows, rank=rank))
-            self._progress[rank] = (rows[-1][0], now)
+            self._advanced(rank, rows[-1][0], now)
         if samples:
             self._publish(Samples(rows=samples, rank=rank))
+
+    def _advanced(self, rank: int, step: int, now: float) -> None:
+        """A flush of ``rank`` ends at ``step``: progress only if it is a step not seen yet (a
+        row of a step seen already holds what the script printed since, not a step made)."""
+        if self._progress.get(rank, (None, 0.0))[0] != step:
+            self._progress[rank] = (step, now)
 
     def _watch(self, now: float) -> None:
         """A stall is named once: the ranks behind the others, or a stopped process; a rank

@@ -96,11 +96,14 @@ class UserValues:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.pending: dict = {}
+        self.names: set[str] = set()
+        """The names given so far, lower case: a printed metric of the same name is left out (printed.py)."""
 
     def log(self, values: dict) -> None:
         with self._lock:
             for name, value in values.items():
                 self.pending[names.user(name)] = value
+                self.names.add(str(name).lower())
 
     def take(self) -> dict:
         """The values since the previous step (tensors stay on their device)."""

@@ -1,7 +1,7 @@
 """``ptdash show RUN --once``: a run summed up in plain text or JSON, with no terminal needed.
 
 Status, steps, duration and rate, the first, last and best loss, the last LR, the
-gradient norm's range, every change of the clip norm or the LR factor, the doctor's
+gradient norm's range, the metrics the script printed (last, min, max), every change of the clip norm or the LR factor, the doctor's
 findings and where the checkpoints are. Read from run.json and the store (live or
 finished): a series' extremes come from the store's summary table, so a run of a
 million steps is summed up in a fraction of a second. Plain text: no escape codes,
@@ -28,6 +28,8 @@ from .runs import RunSummary
 from .tabs.system import cost_line, sampling_line
 
 _CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
+PRINTED_SHOWN = 8
+"""Printed metrics the plain text lists (JSON: all)."""
 
 
 def summarize(run: RunSummary) -> dict:
@@ -37,7 +39,7 @@ def summarize(run: RunSummary) -> dict:
            "exit_code": info.exit_code, "exit": describe_exit(info.exit_code) if info.exit_code is not None else None,
            "step": run.step, "total_steps": info.total_steps, "started": info.started or info.created or None,
            "ended": info.ended, "duration_s": None, "steps_per_s": None, "loss": None, "lr": None,
-           "grad_norm": None, "changes": [], "findings": [], "checkpoints": _checkpoints(run.path),
+           "grad_norm": None, "printed": [], "changes": [], "findings": [], "checkpoints": _checkpoints(run.path),
            "cost": None, "damage": None}
     try:
         reader = RowReader(run.path / STORE_NAME)
@@ -65,6 +67,7 @@ def summarize(run: RunSummary) -> dict:
         norm = reader.stats(names.GRAD_NORM)
         if norm is not None:
             out["grad_norm"] = {"min": _point(norm.low), "max": _point(norm.high), "last": _point(norm.last)}
+        out["printed"] = _printed(reader)
         out["cost"] = _cost(reader)
         findings = Findings()
         for event in reader.events():
@@ -76,6 +79,19 @@ def summarize(run: RunSummary) -> dict:
         out["findings"] = [{"id": f.id, "severity": f.severity, "what": f.what, "step": f.step, "ranks": f.ranks}
                            for f in findings.newest_first()[::-1]]
         out["damage"] = str(reader.damage) if reader.damage else None
+    return out
+
+
+def _printed(reader) -> list[dict]:
+    """The metrics the script printed (``printed/<name>``): the held-out ones first, then by name."""
+    found = sorted((n for n in map(names.parse_printed, reader.names()) if n is not None),
+                   key=lambda n: (not names.held_out(n), n))
+    out = []
+    for name in found:
+        stats = reader.stats(names.printed(name))
+        if stats is not None:
+            out.append({"name": name, "series": names.printed(name), "last": _point(stats.last),
+                        "min": _point(stats.low), "max": _point(stats.high)})
     return out
 
 
@@ -132,6 +148,12 @@ def render(s: dict) -> str:
     if s["grad_norm"]:
         g = s["grad_norm"]
         lines.append(_row("grad norm", f"min {_at(g['min'])}  max {_at(g['max'])}  last {_at(g['last'])}"))
+    width = max((len(p["name"]) for p in s["printed"][:PRINTED_SHOWN]), default=0)
+    for i, p in enumerate(s["printed"][:PRINTED_SHOWN]):
+        lines.append(_row("printed" if i == 0 else "", f"{p['name']:<{width}}  last {_at(p['last'])}  "
+                          f"min {_at(p['min'])}  max {_at(p['max'])}"))
+    if len(s["printed"]) > PRINTED_SHOWN:
+        lines.append(_row("", f"and {len(s['printed']) - PRINTED_SHOWN} more printed metrics (--json has them all)"))
     if s["changes"]:
         said = [f"step {c['step']}: {c['name'].replace('_', '-')} "
                 f"{'off' if c['value'] is None else fmt_si(c['value'], 4)}" for c in s["changes"]]

@@ -89,6 +89,9 @@ class RunConfig:
     pause_timeout: float | None = None
     """Seconds a pause may last with nobody resuming it before the run stops cleanly
     (None: it waits for as long as it takes)."""
+    parse_output: bool = True
+    """Read the metrics the script prints (``val loss 2.29``) into ``printed/<name>`` series
+    (printed.py); ``--no-parse-output`` turns it off."""
 
     def __post_init__(self) -> None:
         _setting("clip", self.clip)
@@ -117,7 +120,7 @@ class RunConfig:
                 raise ConfigError(f"profile_steps covers {steps[1] - steps[0] + 1} steps; "
                                   f"a profile is {BOUNDS['profile'].text}")
             object.__setattr__(self, "profile_steps", steps)
-        for name in ("memory_history", "detect_anomaly"):
+        for name in ("memory_history", "detect_anomaly", "parse_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 

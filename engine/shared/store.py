@@ -268,7 +268,9 @@ class StoreWriter:
                     series[0].extend(steps)
                     series[1].extend(values)
         if rows:
-            insert_many(self._db, "INSERT OR REPLACE INTO steps", 3, [(rank, step, wall) for step, wall, _ in rows])
+            # A step's time is that of its first row: a later row of the step (what the script
+            # printed at it, printed.py) adds values, not a time.
+            insert_many(self._db, "INSERT OR IGNORE INTO steps", 3, [(rank, step, wall) for step, wall, _ in rows])
         if scalars:
             deltas, redo = summary.plan(self._db, self._last, by_series)
             insert_many(self._db, "INSERT OR REPLACE INTO scalars", 4, scalars)

@@ -377,3 +377,16 @@ def test_the_newest_schedule_reads_back(tmp_path):
     writer.close()
     with StoreReader(tmp_path / "m.db") as reader:
         assert reader.schedule() == Schedule(step=40, note="set by hand")
+
+
+def test_a_later_row_of_a_step_adds_its_values_and_keeps_the_steps_time(tmp_path):
+    path = tmp_path / STORE
+    writer = StoreWriter(path)
+    writer.write(rows=[[1, 10.0, {"loss": 2.0}], [2, 20.0, {"loss": 1.9}]])
+    # What the script printed at step 2, read after step 2's row was written (printed.py).
+    writer.write(rows=[[2, 99.0, {"printed/val_loss": 2.29}], [3, 30.0, {"loss": 1.8}]])
+    writer.close()
+    with StoreReader(path) as reader:
+        assert reader.walls() == ([1, 2, 3], [10.0, 20.0, 30.0])
+        assert reader.series("printed/val_loss") == ([2], [2.29])
+        assert reader.series("loss") == ([1, 2, 3], [2.0, 1.9, 1.8])

@@ -1,0 +1,64 @@
+"""Metrics the script only prints, through the real CLI: every form, each value at its step."""
+
+from __future__ import annotations
+
+import json
+
+from ptdash.shared import names
+from ptdash.shared.reader import StoreReader
+from support.runner import SCRIPTS, ptdash
+
+
+def test_every_printed_value_is_in_the_store_at_its_step_and_nothing_else_is(tmp_path):
+    printed = tmp_path / "printed.json"
+    result = ptdash("--headless", "--run-dir", "run", str(SCRIPTS / "printed_forms.py"), str(printed), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = {int(step): values for step, values in json.loads(printed.read_text()).items()}
+    wanted = {name for values in expected.values() for name in values}
+    # k=v, k: v, a metric word's value, a dict, a JSON line, a tqdm bar, a Keras line, a table row
+    assert len(wanted) == 12 and len(expected) == 20
+    with StoreReader(tmp_path / "run" / "metrics.db") as store:
+        found = {names.parse_printed(n) for n in store.names()} - {None}
+        # No counter (epoch, step), rate (ms/step, it/s, samples/s), runtime, learning rate,
+        # version, date, path or percentage became a series.
+        assert found == wanted
+        series = {name: dict(zip(*store.series(names.printed(name)))) for name in wanted}
+        events = [e for e in store.events() if e.kind == "printed"]
+    for step, values in expected.items():
+        for name, value in values.items():
+            assert series[name].get(step) == value, (name, step, series[name])
+    assert sum(len(s) for s in series.values()) == sum(len(v) for v in expected.values())
+    # The first value of each name is an event that says where it came from.
+    assert sorted(e.data["name"] for e in events) == sorted(wanted)
+    first = next(e for e in events if e.data["name"] == "val_loss")
+    assert first.step == 1 and first.message.startswith("found printed metric val_loss = 2 at step 1: epoch 0 |")
+    # show --once and export see them as they see any series.
+    shown = ptdash("show", "run", "--once", "--json", cwd=tmp_path)
+    summary = {p["name"]: p for p in json.loads(shown.stdout)["printed"]}
+    assert set(summary) == wanted and summary["val_loss"]["last"] == {"step": 16, "value": expected[16]["val_loss"]}
+    text = ptdash("show", "run", "--once", cwd=tmp_path).stdout
+    assert "  printed     eval_accuracy  last 0.5 (step 17)" in text
+    exported = ptdash("export", "run", "--format", "csv", "-o", "run.csv", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    header, *lines = (tmp_path / "run.csv").read_text().splitlines()
+    column = header.split(",").index(names.printed("valid_acc"))
+    assert [float(line.split(",")[column]) for line in lines if line.split(",")[column]] == \
+        [expected[s]["valid_acc"] for s in (5, 10, 15, 20)]
+
+
+def test_a_name_the_script_also_gives_ptdash_log_is_left_out_and_said_once(tmp_path):
+    (tmp_path / "logs.py").write_text(
+        "import ptdash, torch\n"
+        "model = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(1, 7):\n"
+        "    ptdash.log(val_loss=float(step))  # taken by this step's record\n"
+        "    opt.zero_grad(); model(torch.ones(4, 2)).sum().backward(); opt.step()\n"
+        "    print(f'val_loss={step * 10} val_acc={step}', flush=True)\n")
+    result = ptdash("--headless", "--run-dir", "run", "logs.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with StoreReader(tmp_path / "run" / "metrics.db") as store:
+        assert names.printed("val_loss") not in store.names()
+        assert store.series(names.user("val_loss"))[1] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]  # the explicit value wins
+        assert store.series(names.printed("val_acc"))[1]  # the other printed name is kept
+        messages = [e.message for e in store.events(kind="printed")]
+    assert messages.count("printed metric val_loss is left out: ptdash.log gives user/val_loss") == 1

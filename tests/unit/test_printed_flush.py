@@ -1,0 +1,95 @@
+"""Printed metrics on their way to the store: the flusher writes them with the rows of their
+steps, and a row that holds only what the script printed is no step made (a stall is still named)."""
+
+from __future__ import annotations
+
+import time
+
+from ptdash.flusher import Flusher
+from ptdash.printed import PrintedMetrics
+from ptdash.ranks import RankCollector
+from ptdash.shared import names
+
+
+class Parts:
+    """What a flush touches, recorded: the recorder's rows, the journal's events, the store's writes."""
+
+    def __init__(self) -> None:
+        self.rows: list = []
+        self.events: list = []
+        self.writes: list = []
+        self.published: list = []
+        self.pending = 0
+
+    # recorder
+    def drain(self):
+        rows, self.rows = self.rows, []
+        return rows, []
+
+    # doctor, anomalies
+    def on_flush(self, *args):
+        pass
+
+    def check_rows(self, rows):
+        pass
+
+    # store
+    def write(self, rows=(), events=(), **kwargs):
+        self.writes.append([list(r) for r in rows])
+        self.events.append(list(events))
+
+    def take_notes(self):
+        return []
+
+
+class Journal:
+    def __init__(self) -> None:
+        self.pending: list = []
+
+    def event(self, what, message):
+        self.pending.append(message)
+
+    def drain(self):
+        pending, self.pending = self.pending, []
+        return pending
+
+
+def test_a_flush_writes_each_printed_value_in_its_steps_row_and_its_event_with_it():
+    parts, journal = Parts(), Journal()
+    step = [0]
+    printed = PrintedMetrics(lambda: step[0], journal.event, set())
+    flusher = Flusher(parts, journal, parts, parts, None, None, parts.published.append, store=parts,
+                      printed=printed)
+    parts.rows = [[1, 10.0, {"loss": 2.0}], [2, 20.0, {"loss": 1.9}]]
+    step[0] = 2
+    printed.feed(b"eval step 2 | val loss 2.2921\n")
+    flusher.flush()
+    assert parts.writes[-1] == [[1, 10.0, {"loss": 2.0}], [2, 20.0, {"loss": 1.9, names.printed("val_loss"): 2.2921}]]
+    assert parts.events[-1] == ["found printed metric val_loss = 2.2921 at step 2: eval step 2 | val loss 2.2921"]
+    # The row of step 2 went with the flush before: a row of its own, at that step's time.
+    parts.rows = [[3, 30.0, {"loss": 1.8}]]
+    printed.feed(b"eval step 2 | val acc 0.5\n")
+    flusher.flush()
+    assert parts.writes[-1] == [[2, 20.0, {names.printed("val_acc"): 0.5}], [3, 30.0, {"loss": 1.8}]]
+    assert [e.split(" =")[0] for e in parts.events[-1]] == ["found printed metric val_acc"]
+    printed.feed(b"eval step 2 | val acc 0.5\n")
+    parts.rows = [[4, 40.0, {"loss": 1.7}]]
+    before = time.time()
+    flusher.flush()  # the same value printed again: a value, no second event
+    # Step 2's row went two flushes ago: the time now (the store keeps the step's first, test_store.py).
+    (step2, wall, values), row4 = parts.writes[-1]
+    assert (step2, values, row4) == (2, {names.printed("val_acc"): 0.5}, [4, 40.0, {"loss": 1.7}]) and wall >= before
+    assert parts.events[-1] == []
+
+
+def test_a_row_of_a_step_seen_already_is_not_a_step_made():
+    stalls: list = []
+    collector = RankCollector(None, lambda msg: None, lambda what, message: stalls.append(message),
+                              lambda: "running", stall_seconds=0.05)
+    collector.collect([[5, 1.0, {"loss": 1.0}]])
+    time.sleep(0.2)
+    # Only what the script printed since, at the same step: the rank still makes no step.
+    collector.collect([[5, 1.0, {names.printed("val_loss"): 2.0}]])
+    assert stalls and "no rank made a step" in stalls[0]
+    collector.collect([[6, 2.0, {"loss": 0.9}]])
+    assert stalls[-1] == "every rank makes steps again"
