@@ -4,13 +4,15 @@ dir and private directory hidden under empty file systems), so the only way betw
 is the hub's authenticated TCP port. Node 1's rank is in node 0's store; pause, clip, LR and
 stop reach both nodes at one step and the replicas stay identical; peers without the key,
 of another job, another local user and garbage are refused while training goes on; a
-killed node is named with its rank and the run ends as torchrun ends it."""
+killed node is named with its rank and the run ends as torchrun ends it, and so is a node whose
+network is cut (node 1 in a network namespace of its own, joined by a veth pair)."""
 
 from __future__ import annotations
 
 import os
 import random
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,11 +36,14 @@ DDP = SCRIPTS / "ddp_train.py"
 
 def _unshare_reason() -> str | None:
     """Why node 1 cannot have namespaces of its own here, or None."""
+    if shutil.which("ip") is None:
+        return "no ip command (iproute2) for the veth pair"
     try:
-        probe = subprocess.run(["unshare", "--mount", "--uts", "true"], capture_output=True, text=True, timeout=30)
+        probe = subprocess.run(["unshare", "--mount", "--uts", "--net", "true"], capture_output=True, text=True,
+                               timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unshare cannot run: {exc}"
-    return None if probe.returncode == 0 else f"unshare --mount --uts fails: {probe.stderr.strip()}"
+    return None if probe.returncode == 0 else f"unshare --mount --uts --net fails: {probe.stderr.strip()}"
 
 
 UNSHARE = _unshare_reason()
@@ -66,20 +71,56 @@ def _ports() -> int:
     raise RuntimeError("no two free ports in a row")
 
 
-def _node1(argv: list[str], cwd, env: dict, out, hidden, absent=None) -> subprocess.Popen:
+def _node1(argv: list[str], cwd, env: dict, out, hidden, absent=None, net=None) -> subprocess.Popen:
     """``argv`` as node 1: empty file systems over ``hidden`` (node 0's dirs), a host name of
-    its own; the shell proves node 0's files are out of sight (``absent``) before it starts."""
+    its own; the shell proves node 0's files are out of sight (``absent``) before it starts.
+    ``net`` (a Veth): a network of its own too, whose one way out is the veth pair; the shell
+    waits for its end to be moved in and brings it up."""
     mounts = "; ".join(f"mount -t tmpfs -o mode=700 none {shlex.quote(str(d))} || exit 96" for d in hidden)
     check = f"test ! -e {shlex.quote(str(absent))} || exit 97; " if absent else ""
-    shell = f"{mounts}; hostname {NODE1} || exit 96; {check}exec {shlex.join(argv)}"
-    return subprocess.Popen(["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", shell],
+    wire = net.inside() if net else ""
+    shell = f"{wire}{mounts}; hostname {NODE1} || exit 96; {check}exec {shlex.join(argv)}"
+    spaces = ["--mount", "--uts", *(["--net"] if net else [])]
+    return subprocess.Popen(["unshare", *spaces, "--propagation", "private", "sh", "-c", shell],
                             cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+class Veth:
+    """A veth pair between this network and node 1's: node 0 at ``.host``, node 1 at ``.peer``
+    (a /30 of 10.77/16 and interface names of the test's own, so that tests in parallel differ)."""
+
+    def __init__(self, flag) -> None:
+        n = random.randrange(1, 16000)
+        self.net = f"10.77.{n // 64}.{(n % 64) * 4}"
+        base = self.net.rsplit(".", 1)[0]
+        last = (n % 64) * 4
+        self.host, self.peer = f"{base}.{last + 1}", f"{base}.{last + 2}"
+        self.outer, self.inner = f"pdh{n}", f"pdn{n}"
+        self.flag = flag
+
+    def inside(self) -> str:
+        """The shell that, in node 1's namespaces, waits for its end and brings it up."""
+        flag = shlex.quote(str(self.flag))
+        return (f"while [ ! -e {flag} ]; do sleep 0.05; done; ip link set lo up && "
+                f"ip addr add {self.peer}/30 dev {self.inner} && ip link set {self.inner} up || exit 95; ")
+
+    def plug(self, pid: int) -> None:
+        """The pair, one end moved into the namespaces of process ``pid``."""
+        for cmd in (f"link add {self.outer} type veth peer name {self.inner} netns {pid}",
+                    f"addr add {self.host}/30 dev {self.outer}", f"link set {self.outer} up"):
+            subprocess.run(["ip", *cmd.split()], check=True, capture_output=True, timeout=30)
+
+    def cut(self) -> None:
+        subprocess.run(["ip", "link", "set", self.outer, "down"], check=True, capture_output=True, timeout=30)
+
+    def remove(self) -> None:
+        subprocess.run(["ip", "link", "del", self.outer], capture_output=True, timeout=30)
 
 
 class TwoNodes(Run):
     """Node 0 (the hub, with the run dir) and node 1 (hidden from it), both headless."""
 
-    def __init__(self, tmp_path, *args: str) -> None:
+    def __init__(self, tmp_path, *args: str, net: bool = False) -> None:
         self.tmp = tmp_path
         self.n0, self.n1, home, runtime = (tmp_path / n for n in ("n0", "n1", "home", "rt0"))
         for d in (self.n0, self.n1, home, runtime):
@@ -88,17 +129,32 @@ class TwoNodes(Run):
         self.port = _ports()
         env = {**ENV, "XDG_CONFIG_HOME": str(home), "XDG_RUNTIME_DIR": str(runtime)}
         self.env = env
+        self.veth = Veth(tmp_path / "plugged") if net else None
+        addr = self.veth.host if net else "127.0.0.1"
+        self.addr = addr
         common = ["--headless", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint",
-                  f"127.0.0.1:{self.port}", "--rdzv-id", "job-31"]
+                  f"{addr}:{self.port}", "--rdzv-id", "job-31"]
         cli = [sys.executable, "-m", "ptdash.tui.cli"]
+        env0, env1 = env, env
+        if net:  # gloo's own sockets on the veth pair too (by default on the host name's address)
+            env0 = {**env, "GLOO_SOCKET_IFNAME": self.veth.outer}
+            env1 = {**env, "GLOO_SOCKET_IFNAME": self.veth.inner}
+        self.out1 = open(tmp_path / "node1.out", "w")
+        node1 = [*cli, *common, "--node-rank", "1", str(DDP), *args]
+        if net:  # node 1's network first: node 0's address is on its pair
+            self.node1 = _node1(node1, self.n1, env1, self.out1, hidden=(self.n0, runtime),
+                                absent=self.run_dir / "run.json", net=self.veth)
+            self.veth.plug(self.node1.pid)
         self.out = open(tmp_path / "node0.out", "w")
         self.proc = subprocess.Popen([*cli, *common, "--node-rank", "0", "--run-dir", str(self.run_dir), str(DDP),
-                                      *args], cwd=self.n0, env=env, stdout=self.out, stderr=subprocess.STDOUT,
+                                      *args], cwd=self.n0, env=env0, stdout=self.out, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         wait_for(lambda: (self.run_dir / "run.json").exists(), 60, what="node 0's run dir")
-        self.out1 = open(tmp_path / "node1.out", "w")
-        self.node1 = _node1([*cli, *common, "--node-rank", "1", str(DDP), *args], self.n1, env, self.out1,
-                            hidden=(self.n0, runtime), absent=self.run_dir / "run.json")
+        if net:
+            self.veth.flag.touch()
+        else:
+            self.node1 = _node1(node1, self.n1, env1, self.out1, hidden=(self.n0, runtime),
+                                absent=self.run_dir / "run.json")
         wait_for(lambda: self.info().status == "running" or self.proc.poll() is not None
                  or self.node1.poll() is not None, 120, what="the job to start")
         assert self.node1.poll() is None, (tmp_path / "node1.out").read_text()
@@ -115,14 +171,16 @@ class TwoNodes(Run):
         self.node1.wait()
         self.out1.close()
         kill_all(processes_in(self.n0) + processes_in(self.n1))
+        if self.veth is not None:
+            self.veth.remove()
 
 
 @pytest.fixture
 def nodes(tmp_path):
     made = []
 
-    def start(*args):
-        made.append(TwoNodes(tmp_path, *args))
+    def start(*args, net=False):
+        made.append(TwoNodes(tmp_path, *args, net=net))
         return made[-1]
     yield start
     for n in made:
@@ -233,6 +291,29 @@ def test_a_killed_node_is_named_with_its_ranks_and_the_run_ends_as_torchrun_ends
     assert info.status == "crashed" and info.lost_nodes == [{"node": 1, "host": NODE1, "ranks": [1]}]
     assert info.detail.startswith(f"node 1 ({NODE1}) was lost; then rank 0 "), info.detail
     wait_for(lambda: not processes_in(run.n0) and not processes_in(run.n1), 60, what="nothing left behind")
+
+
+@needs_unshare
+def test_a_node_whose_network_is_cut_is_named_with_its_ranks(nodes):
+    """Node 1 in a network of its own, its one way to node 0 a veth pair; the pair goes down
+    mid-run. Nothing closes a connection then (no FIN, no RST): the hub's TCP keepalive
+    gives the node up, and it is named with its rank, as a killed node is."""
+    run = nodes("--sleep", "0.02", net=True)
+    run.stepping(3)
+    assert run.info().hosts == {"0": socket.gethostname(), "1": NODE1}
+    run.veth.cut()
+    lost = wait_for(lambda: [e for e in _events(run) if e.kind == "node" and events.read(e).lost], 120,
+                    what="the node cut off named lost")
+    node = events.read(lost[0])
+    assert (node.node, node.host, node.ranks) == (1, NODE1, (1,)), node
+    assert lost[0].message.startswith(f"node 1 ({NODE1}) lost, with rank 1:") and "network" in node.why, lost[0]
+    assert run.info().lost_nodes == [{"node": 1, "host": NODE1, "ranks": [1]}]
+    # Rank 0 now waits in its collective until the process group's timeout, as under torchrun;
+    # ``ctl kill`` ends node 0's side at once.
+    subprocess.run([sys.executable, "-m", "ptdash.tui.cli", "ctl", str(run.run_dir), "kill"], env=run.env,
+                   capture_output=True, timeout=60, check=True)
+    assert run.proc.wait(120) != 0
+    wait_for(lambda: not processes_in(run.n0), 60, what="node 0's rank gone")
 
 
 @needs_unshare
