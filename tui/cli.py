@@ -104,6 +104,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--detect-anomaly", action="store_true",
                    help="turn on autograd anomaly detection (slow): a failing backward names the forward "
                         "line that caused it")
+    p.add_argument("--no-parse-output", dest="parse_output", action="store_false",
+                   help="do not read the metrics the script prints (val loss 2.29, {'eval_loss': ...}, a bar's "
+                        "postfix) into printed/<name> series")
     p.add_argument("--stall-timeout", type=positive_arg("stall timeout"), default=120, metavar="S",
                    help="name a rank that makes no step for S seconds (default 120)")
     p.add_argument("--flush-interval", type=positive_arg("flush interval"), default=None, metavar="S",
@@ -164,7 +167,7 @@ def launch(args: argparse.Namespace, target: list[str], name: str,
             on_anomaly=args.on_anomaly, profile_steps=args.profile_steps, memory_history=args.memory_history,
             update_ratio_every=args.update_ratio_every, stall_seconds=args.stall_timeout,
             detect_anomaly=args.detect_anomaly, steps=args.steps,
-            overhead_budget=args.overhead_budget,
+            overhead_budget=args.overhead_budget, parse_output=args.parse_output,
             pause_timeout=getattr(args, "pause_timeout", None) or None, **every)
     except ConfigError as exc:
         raise CliError(str(exc), 2) from None

@@ -62,3 +62,14 @@ def test_a_name_the_script_also_gives_ptdash_log_is_left_out_and_said_once(tmp_p
         assert store.series(names.printed("val_acc"))[1]  # the other printed name is kept
         messages = [e.message for e in store.events(kind="printed")]
     assert messages.count("printed metric val_loss is left out: ptdash.log gives user/val_loss") == 1
+
+
+def test_no_parse_output_reads_nothing_the_script_prints(tmp_path):
+    result = ptdash("--headless", "--run-dir", "run", "--no-parse-output", str(SCRIPTS / "printed_forms.py"),
+                    str(tmp_path / "printed.json"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "val_loss=2.0 acc: 0.5 |" in (tmp_path / "run" / "output.log").read_text()  # printed as ever
+    with StoreReader(tmp_path / "run" / "metrics.db") as store:
+        assert [n for n in store.names() if names.parse_printed(n)] == []
+        assert store.events(kind="printed") == []
+        assert store.series(names.LOSS)[0] == list(range(1, 21))
