@@ -18,6 +18,11 @@ from typing import Callable
 from .shared.limits import check_setting, validate_command
 from .shared.protocol import Command
 
+NO_OPTIMIZER = "the script sets its own LR (no torch.optim optimizer); ptdash cannot scale it"
+"""Why an LR factor cannot act on a script that updates its parameters itself: its LR is a
+variable of its own, and scaling the gradients instead is exactly right only for plain SGD
+(not with momentum, weight decay or an update rule of its own, which ptdash cannot see)."""
+
 
 class StopTraining(SystemExit):
     """Raised into the script to end it cleanly: ``finally`` blocks and atexit handlers run.
@@ -80,6 +85,10 @@ class Controls:
         """Why clip and LR changes cannot reach every replica now (some rank runs without ptdash)."""
         self.on_queued: Callable[[], None] = lambda: None
         """Called after a command is queued (the hub ends a paused round's wait)."""
+        self.lr_refusal: Callable[[], str | None] = lambda: None
+        """Why an LR factor cannot act now (the script has no torch.optim optimizer), at a boundary."""
+        self.lr_origin = "--lr-scale"
+        """Where a factor in force at the start came from (the option, or a resumed checkpoint)."""
 
     # -------------------------------------------------------------- server thread
 
@@ -164,6 +173,16 @@ class Controls:
             self._journal.set_state("stopping")
             raise StopTraining()
 
+    def without_optimizer(self) -> None:
+        """The script's first step ended with no torch.optim optimizer (training thread): an
+        LR factor in force from the start cannot act, so it is said once and set back to 1,
+        so that nothing shows a factor that is not applied."""
+        scale = self.settings.lr_scale
+        if scale != 1.0:
+            self.settings.lr_scale = 1.0
+            self._journal.set_state(None)
+            self._journal.event("warning", f"{self.lr_origin} {scale:g} is not applied: {NO_OPTIMIZER}")
+
     def request_checkpoint(self, reason: str) -> None:
         """Ask for a checkpoint at the next save point (periodic saves use this)."""
         if "" not in self.pending.checkpoint:
@@ -203,6 +222,10 @@ class Controls:
             fx.set_state(None)
             fx.ack(cmd, True, step, _clip_change(old, s.clip, step + 1))
         elif cmd.name == "lr_scale":
+            refusal = self.lr_refusal()
+            if refusal:
+                fx.ack(cmd, False, step, refusal)
+                return
             old, s.lr_scale = s.lr_scale, float(cmd.value)
             fx.set_state(None)
             fx.ack(cmd, True, step, f"LR factor {old:g} -> {s.lr_scale:g} from step {step + 1}")

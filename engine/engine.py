@@ -31,7 +31,7 @@ from . import link, nodes, system
 from .anomalies import Anomalies
 from .budget import Budget
 from .checkpoint import Checkpointer
-from .controls import Controls, Settings
+from .controls import NO_OPTIMIZER, Controls, Settings
 from .discovery import Discovery, model_names, param_names
 from .distributed import Distributed, env_rank
 from .doctor import Doctor
@@ -115,6 +115,7 @@ class Engine:
         self.hooks = Hooks(self.settings, self.controls, self.recorder, self.doctor, self.discovery, self.anomalies,
                            self.user_values, self.journal, self.budget, self._first_step, self._discovered,
                            self._step_end)
+        self.controls.lr_refusal = lambda: NO_OPTIMIZER if self.hooks.inferred.optimizer_less() else None
         self.naming = LayerNaming(self.discovery)
         self._patches = Patches()
         """The engine's own patches (the resumed run's scheduler guard)."""
@@ -222,6 +223,7 @@ class Engine:
                 self.settings.clip = clip
             if self.config.lr_scale is None and not check_setting("lr_scale", scale):
                 self.settings.lr_scale = float(scale)
+                self.controls.lr_origin = f"the LR factor of {Path(self.config.resume).name}"
         self.hooks.step = self.start_step
         self.journal.total_steps = self.config.steps
         self.hooks.state.update_ratio_every = self.config.update_ratio_every
@@ -257,6 +259,7 @@ class Engine:
                 self.controls.at_save_point(self.hooks.step)
             except Exception:
                 log.exception("final checkpoint failed")
+        self.profiler.close(self.hooks.step)
         self.hooks.detach()
         self.doctor.detach()
         self._patches.undo()

@@ -97,7 +97,7 @@ class Hooks:
                            doctor, controls, settings, budget, discovery, self.manual, discovered, step_end)
         """The optimizer post-step hook: the step's record and the next step's path (stepend.py)."""
         self.inferred = InferredSteps(state, self.manual, self.optimizers, self.pre, self.end, discovery, settings,
-                                      budget, anomalies, doctor)
+                                      budget, anomalies, doctor, controls)
         """The steps of a script with no optimizer (manual.py)."""
         budget.on_change.append(self.end.period_changed)
         discovery.on_models.append(self.forward.models_changed)

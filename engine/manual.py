@@ -163,13 +163,16 @@ class InferredSteps:
     whether an optimizer stepped, ``discovery`` whether the script made one; ``settings``,
     ``budget`` and ``anomalies`` give the live clip, the sampled steps and what a
     non-finite step does; the ``doctor`` is told once when many backwards ran and no step
-    of any kind was seen.
+    of any kind was seen, and the ``controls`` once when the first inferred step ended (an
+    LR factor cannot act on it).
     """
 
-    def __init__(self, state, manual, optimizers, pre, end, discovery, settings, budget, anomalies, doctor) -> None:
+    def __init__(self, state, manual, optimizers, pre, end, discovery, settings, budget, anomalies, doctor,
+                 controls) -> None:
         self._state, self.manual, self._optimizers, self._pre, self._end = state, manual, optimizers, pre, end
         self._discovery, self._settings, self._budget, self._anomalies = discovery, settings, budget, anomalies
-        self._doctor = doctor
+        self._doctor, self._controls = doctor, controls
+        self._first = True
 
     def optimizer_less(self) -> bool:
         """Whether the script made no torch.optim optimizer (a skipped one still counts)."""
@@ -178,6 +181,9 @@ class InferredSteps:
     def manual_boundary(self) -> None:
         """An inferred step ended (the script cleared its gradients since the last backward)."""
         self._record_step()
+        if self._first:
+            self._first = False
+            self._controls.without_optimizer()
         self._pre.boundary()
 
     def end_manual_step(self) -> None:

@@ -104,6 +104,11 @@ class ProfileWindow:
         """Why the window failed, None while all is well."""
         return self._error
 
+    @property
+    def done(self) -> int:
+        """The steps recorded so far."""
+        return self._done
+
     def on_step(self) -> bool:
         """Count one finished optimizer step; True when the window is complete (or failed)."""
         self._done += 1
@@ -203,11 +208,28 @@ class Profiler:
             (first, last), self._window = self._window, None
             self.start(None, step, last - first + 1)
 
-    def _report(self, window: ProfileWindow) -> None:
+    def close(self, step: int) -> None:
+        """The run ends at ``step`` (training thread): a window still open is closed and reported
+        now, over the steps it recorded (a profiler left running at the interpreter's exit
+        killed the process with SIGSEGV, and the profile answered for was never written)."""
+        window, self._current, self._window = self._current, None, None
+        if window is None:
+            return
+        window.stop()
+        wanted = f"{window.step_index}-{window.step_index + window.steps - 1}"
+        if not window.done:
+            window.report()  # lets the recorded events go
+            self._journal.event("warning", f"profile of steps {wanted} not written: the run ended at step {step}, "
+                                "before its first step")
+            return
+        self._report(window, f" (of {wanted}: the run ended at step {step})")
+
+    def _report(self, window: ProfileWindow, note: str = "") -> None:
         report = window.report()
         a, b = report.get("steps", ["?", "?"])
         if report.get("error"):
             self._journal.event(events.Profile.from_data(report), f"profile of steps {a}-{b} failed: {report['error']}")
             return
         top = report["top"][0]["name"] if report.get("top") else "nothing"
-        self._journal.event(events.Profile.from_data(report), f"profiled steps {a}-{b}: top op {top}; trace {report['trace']}")
+        self._journal.event(events.Profile.from_data(report),
+                            f"profiled steps {a}-{b}{note}: top op {top}; trace {report['trace']}")

@@ -75,7 +75,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--clip", type=setting_arg("clip"), metavar="X",
                    help="clip the gradient norm at X from the start (1e-6 to 1e6)")
     p.add_argument("--lr-scale", type=setting_arg("lr_scale"), metavar="X",
-                   help="multiply every LR by X (1e-6 to 1000)")
+                   help="multiply every LR by X (1e-6 to 1000; a script with no torch.optim optimizer "
+                        "gets a warning at its first step instead)")
     p.add_argument("--checkpoint-every", type=every_arg, metavar="N|30m",
                    help="save a checkpoint every N steps, or every so many minutes/hours (30m, 2h)")
     p.add_argument("--keep-last", type=count_arg(1), metavar="K", help="keep only the newest K checkpoints")

@@ -21,7 +21,8 @@ CTL_HELP = """commands:
   pause | resume        pause at the next step boundary, or go on
   checkpoint            save a checkpoint now (checkpoints/step-N.pt)
   clip X | clip off     clip the total gradient norm at X, or give clipping back to the script
-  lr-scale X            multiply every param group's scheduled LR by X
+  lr-scale X            multiply every param group's scheduled LR by X (refused when the
+                        script has no torch.optim optimizer: its LR is its own variable)
   profile N             profile the next N steps with torch.profiler
   stop | kill           stop cleanly (checkpoint, the script's finally blocks), or kill at once
 

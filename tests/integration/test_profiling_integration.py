@@ -34,6 +34,29 @@ def test_profile_command_summarises_real_operators_and_writes_a_trace(tmp_path):
         run.close()
 
 
+def test_a_run_that_ends_inside_a_profile_window_writes_the_steps_it_recorded(tmp_path):
+    # The profile of 1000 steps is answered for; the run stops long before: the trace of the
+    # steps it saw is written and the run ends cleanly (a profiler left running at the
+    # interpreter's exit killed it with SIGSEGV, and nothing was written).
+    run = Run(tmp_path, SCRIPTS / "steady.py")
+    try:
+        run.wait_step(3)
+        ack = run.send("profile", 1000)
+        assert ack.ok
+        run.wait_step(ack.step + 2)
+        stop = run.send("stop")
+        assert stop.ok
+        assert run.wait(90) == 0 and run.info().status == "stopped"
+        first, last = ack.step + 1, stop.step
+        assert (tmp_path / "run" / "profiles" / f"profile-step{first}-{last}.json").is_file()
+        with run.store() as s:
+            (event,) = [e for e in s.events() if e.kind == "profile"]
+        assert f"profiled steps {first}-{last} (of {first}-{ack.step + 1000}: the run ended at step {last})" \
+            in event.message
+    finally:
+        run.close()
+
+
 def test_profile_steps_option(tmp_path):
     result = ptdash("--headless", "--run-dir", "run", "--profile-steps", "2:3", str(SCRIPTS / "steady.py"),
                     "--steps", "6", "--sleep", "0", cwd=tmp_path)
