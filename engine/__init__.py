@@ -32,7 +32,8 @@ def log(step: int | None = None, **values) -> None:
     """Record custom scalars (floats or 0-d tensors, kept on device until the next flush).
 
     ``ptdash.log(acc=0.91, val_loss=loss)`` shows up as ``user/acc`` and
-    ``user/val_loss``. Without ptdash this does nothing.
+    ``user/val_loss``, at the step in progress, or at ``step`` (an int >= 0) when given.
+    Without ptdash this does nothing.
     """
     engine = _engine()
     if engine is not None:

@@ -44,7 +44,7 @@ from .preview import SchedulePreview
 from .printed import PrintedMetrics
 from .profiling import Profiler
 from .ranks import RankCollector, push_interval
-from .recorder import Recorder, UserValues
+from .recorder import Recorder
 from .shared import events, rundir
 from .shared.config import RunConfig
 from .shared.limits import check_setting
@@ -52,6 +52,7 @@ from .shared.protocol import Event, LayerNames, Metrics, Samples, Schedule, Stat
 from .shared.store import STORE_NAME, StoreWriter
 from .shared.transport import Server
 from .shared.wire import from_dict
+from .uservalues import UserValues
 
 log = logging.getLogger("ptdash.engine")
 
@@ -95,6 +96,7 @@ class Engine:
         self.budget = Budget(config.overhead_budget)
         self.recorder = Recorder(self.budget.observe)
         self.user_values = UserValues()
+        self._log_warned: set[str] = set()
         self.journal = Journal(self._publish, lambda: self.hooks.step, self.settings, rank=self.dist.rank,
                                run_dir=self.run_dir if self.primary else None, wake=lambda: self.flusher.wake())
         self.checkpointer = Checkpointer(self.run_dir if leads else None, self.info.id if self.info else "",
@@ -137,6 +139,7 @@ class Engine:
         """The metrics the script prints; the output relay feeds it (bootstrap.py), the flusher drains it."""
         self.flusher = Flusher(self.recorder, self.journal, self.doctor, self.anomalies, self.naming,
                                system.SystemSampler(), self._publish, store=self.store, printed=self.printed,
+                               stepped=self.user_values.drain_at,
                                push=None if self.primary else self.dist.push, ranks=self.ranks,
                                interval=config.flush_interval, step_seconds=lambda: self.hooks.state.last_step_s,
                                schedule=self.preview, budget=self.budget)
@@ -276,6 +279,7 @@ class Engine:
         who = "" if self.primary else f"rank {self.dist.rank} "
         self.journal.event("run", f"{who}{state} with exit code {exit_code}"
                            + (f": {detail.splitlines()[-1]}" if detail else ""))
+        self.user_values.settle(self.hooks.step)
         self.flusher.stop()
         self.flusher.flush(sample=True)
         if self.preview is not None:
@@ -375,7 +379,13 @@ class Engine:
     # ------------------------------------------------------------- public API
 
     def log(self, values: dict, step: int | None = None) -> None:
-        self.user_values.log(values)
+        try:
+            self.user_values.log(values, step)
+        except (TypeError, ValueError) as exc:  # the script goes on; its values at the step in progress
+            if str(exc) not in self._log_warned:  # once for each mistake, not every step
+                self._log_warned.add(str(exc))
+                self.journal.event("warning", f"ptdash.log: {exc}; the values are kept at the step in progress")
+            self.user_values.log(values)
 
     def watch(self, model=None, optimizer=None, scheduler=None, scaler=None) -> None:
         self.discovery.watch(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)

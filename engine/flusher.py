@@ -78,12 +78,14 @@ class Flusher:
     def __init__(self, recorder: Recorder, journal, doctor, anomalies, naming: LayerNaming, sampler,
                  publish: Callable[[Message], None], store=None, push: Callable[[dict], None] | None = None,
                  ranks=None, interval: float | None = None, step_seconds: Callable[[], float] = lambda: 0.0,
-                 schedule=None, budget=None, printed=None) -> None:
+                 schedule=None, budget=None, printed=None, stepped=None) -> None:
         self._recorder, self._journal, self._doctor, self._anomalies = recorder, journal, doctor, anomalies
         self._naming, self._sampler, self._publish, self._store = naming, sampler, publish, store
         self._push, self._ranks, self._interval, self._step_seconds = push, ranks, interval, step_seconds
         self._schedule, self._budget = schedule, budget
         self._printed = printed
+        self._stepped = stepped
+        """What gives the ``ptdash.log`` values given a step of their own (UserValues.drain_at)."""
         """The metrics the script printed (printed.PrintedMetrics), stored with the steps' rows."""
         self._earlier: list = []
         """The previous flush's rows: the wall times of the steps a printed value may come late for."""
@@ -176,10 +178,12 @@ class Flusher:
         self._doctor.on_flush(rows, layer_rows, _to_host)
         self._anomalies.check_rows(rows)
         stored, live = self._layers(layer_rows)
-        if self._printed is not None:
+        if self._printed is not None or self._stepped is not None:
             # After the judging (a printed value is the script's, not a step's record), before
             # the journal's drain: a first value's event goes with the value or before it.
-            rows, self._earlier = merge(rows, self._printed.drain(), self._earlier), rows or self._earlier
+            found = list(self._printed.drain()) if self._printed is not None else []
+            found += self._stepped() if self._stepped is not None else []
+            rows, self._earlier = merge(rows, found, self._earlier), rows or self._earlier
         events = self._journal.drain()
         samples = [self.sample()] if sample else []
         if self._push is not None:

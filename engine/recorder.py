@@ -16,7 +16,6 @@ import collections
 import functools
 import logging
 import math
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -88,29 +87,6 @@ class RecordShapeError(TypeError):
     def __init__(self, record: tuple, fields: int = RECORD_FIELDS) -> None:
         super().__init__(f"a StepRecord was built with {len(record)} fields where it has {fields} "
                          f"({', '.join(StepRecord._fields)}): its builder and recorder.StepRecord disagree")
-
-
-class UserValues:
-    """Values given to ``ptdash.log`` (any thread), taken by the next step's record."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.pending: dict = {}
-        self.names: set[str] = set()
-        """The names given so far, lower case: a printed metric of the same name is left out (printed.py)."""
-
-    def log(self, values: dict) -> None:
-        with self._lock:
-            for name, value in values.items():
-                self.pending[names.user(name)] = value
-                self.names.add(str(name).lower())
-
-    def take(self) -> dict:
-        """The values since the previous step (tensors stay on their device)."""
-        with self._lock:
-            values, self.pending = self.pending, {}
-        return {name: value.detach().reshape(()) if isinstance(value, torch.Tensor) else float(value)
-                for name, value in values.items()}
 
 
 @dataclass
