@@ -12,7 +12,7 @@ import argparse
 
 from .errors import CliError
 
-LS_STATES = ("live", "paused", "starting", "stopping", "finished", "crashed", "stopped", "lost")
+LS_STATES = ("live", "stalled", "paused", "starting", "stopping", "finished", "crashed", "stopped", "lost")
 """The states ``ptdash ls`` shows (and ``--state`` filters on)."""
 
 EXPORT_FORMATS = ("csv", "jsonl", "tensorboard")

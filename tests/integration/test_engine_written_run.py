@@ -10,6 +10,7 @@ and the Doctor tab lists the findings (replayed), and the two commands print the
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -51,6 +52,9 @@ async def _ranks_tab_marks_the_stalled_rank(run: Run, rank1: int) -> None:
             assert re.match(r"\W*1\b", row), row  # rank 1's row, not rank 0's (which waits for it)
             (stall,) = wait_for(lambda: [s for s in _stalls(run) if not s.ended], 60, what="the stall stored")
             assert stall.ranks == (1,) and "stopped" in stall.why
+            listed = ptdash("ls", "--json", "--state", "stalled", cwd=run.run_dir.parent, env=ENV)  # as ls shows it
+            assert listed.returncode == 0, listed.stderr
+            assert [r["run_dir"] for r in json.loads(listed.stdout)] == [str(run.run_dir)], listed.stdout
         finally:
             os.kill(rank1, signal.SIGCONT)
         await until(pilot, lambda: "stalled" not in screen_text(app), timeout=120, what="the mark cleared")
