@@ -317,7 +317,8 @@ def pause_text(run_dir: Path, info: RunInfo, why: Event | None, timeout: float |
 
 
 def progress_line(reader: StoreReader, info: RunInfo, last: Event | None = None) -> str:
-    """``[ptdash] running | step 1200/2000 | loss 2.3456 | lr 3.00e-04 | 12.3 steps/s | ETA 1m05s | last: ...``.
+    """``[ptdash] running | step 1200/2000 | loss 2.3456 | lr 3.00e-04 | val_loss 2.29 @1000 | 12.3 steps/s |
+    ETA 1m05s | last: ...``: the validation metric is the newest the script printed (printed.py).
 
     The rate leaves out the time the run was paused; below SLOW_RATE steps a second it is
     seconds per step. The total is run.json's, else the end of the stored LR schedule.
@@ -339,6 +340,13 @@ def progress_line(reader: StoreReader, info: RunInfo, last: Event | None = None)
         parts.append(f"lr {lr:.2e}")
     if norm is not None:
         parts.append(f"grad norm {norm:.3g}")
+    held_out = [n for n in reader.names() if (p := names.parse_printed(n)) is not None and names.held_out(p)]
+    if held_out:  # the newest validation metric the script printed: "val_loss 2.2921 @200"
+        name, (at, value) = max(reader.newest(held_out).items(), key=lambda item: (item[1][0], item[0]),
+                                default=(None, (None, None)))
+        if name is not None:
+            shown = "non-finite" if value is None else f"{value:.5g}"
+            parts.append(f"{names.parse_printed(name)} {shown} @{at}")
     rate = StepRate(window_s=float("inf"))
     for s, wall in zip(*reader.walls(after_step=step - 50)):
         rate.add(s, wall)

@@ -38,6 +38,9 @@ class ChartView:
     """EMA weight of the smoothed lines (0: none)."""
     scale: str = "auto"
     """One of SCALES."""
+    metric: int = 0
+    """Which group of the printed metrics the metrics panel draws (tabs/overview.metric_groups),
+    counted on by the ``v`` key (modulo the groups there are)."""
 
     @property
     def zoomed(self) -> bool:
@@ -117,6 +120,10 @@ class ChartView:
         """auto -> log -> linear -> auto."""
         self.scale = SCALES[(SCALES.index(self.scale) + 1) % len(SCALES)]
 
+    def next_metric(self) -> None:
+        """The metrics panel's next group of printed metrics."""
+        self.metric += 1
+
     def apply(self, what: str, first: int, last: int, ahead: int | None = None) -> None:
         """Do what a chart key asks over the steps ``first`` to ``last`` (the cursor up to ``ahead``)."""
         {
@@ -132,6 +139,7 @@ class ChartView:
             "hide": self.hide_cursor,
             "smooth": self.cycle_smoothing,
             "scale": self.cycle_scale,
+            "metric": self.next_metric,
         }[what]()
 
     def can(self, what: str) -> bool:

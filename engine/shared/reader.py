@@ -215,6 +215,14 @@ class StoreReader(SeriesQueries):
             "AND s.rank = ? AND s.step = ?", (rank, step), f"at step {step}")
         return step, {n: _number(v) for n, v in rows if isinstance(n, str)}
 
+    def newest(self, series: list[str], rank: int = 0) -> dict[str, tuple[int, float | None]]:
+        """The newest point ``(step, value)`` of each of ``series`` that has one (one key lookup each)."""
+        rows = self._rows(
+            "SELECT n.name, s.step, s.value FROM names n CROSS JOIN scalars s ON s.name_id = n.id AND s.rank = ? "
+            "AND s.step = (SELECT max(step) FROM scalars WHERE name_id = n.id AND rank = ?) "
+            f"WHERE n.name IN ({', '.join('?' * len(series))})", (rank, rank, *series), "in its newest points")
+        return {n: (step, _number(v)) for n, step, v in rows if isinstance(n, str) and type(step) is int}
+
     def walls(self, rank: int = 0, after_step: int | None = None) -> tuple[list[int], list[float]]:
         """``(steps, wall_times)`` of ``rank``."""
         steps, walls = [], []

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ptdash.shared import events, rundir
 from ptdash.shared.config import RunInfo
+from ptdash.shared.names import printed as printed_series
 from ptdash.shared.protocol import Ack, Command, Event, LayerNames, Layers, Metrics, Schedule, Status, Welcome
 from ptdash.shared.store import STORE_NAME, StoreWriter
 from ptdash.shared.transport import Server
@@ -119,10 +120,12 @@ def run_start(steps: int, now: float | None) -> float:
 
 def make_run(root: Path, steps: int = 500, status: str = "running", name: str = "demo",
              exit_code: int | None = None, seed: int = 0, layers: int = 0, extra_events=(),
-             now: float | None = None, schedule: bool = False) -> Path:
+             now: float | None = None, schedule: bool = False, printed: bool = False) -> Path:
     """A run dir holding ``steps`` recorded steps of the demo run, in state ``status``.
 
     With ``schedule``, the store also holds the LR schedule ahead as computed at the last step.
+    With ``printed``, what the demo would print every 50 steps is there too, as the engine
+    stores it (``printed/val_loss``, ``printed/val_acc``, ``printed/test_bleu``).
 
     With ``layers``, every 4th step also stores a per-parameter record of that many
     parameters, as the engine's flush does (names only in the first). Every wall time
@@ -137,6 +140,13 @@ def make_run(root: Path, steps: int = 500, status: str = "running", name: str = 
     writer.set_meta(config={"script": "demo.py"})
     for i in range(0, len(rows), 100):
         writer.write(rows=rows[i:i + 100])
+    if printed:
+        for s in range(50, steps + 1, 50):
+            loss = rows[s - 1][2]["loss"]
+            writer.write(rows=[[s, rows[s - 1][1], {
+                printed_series("val_loss"): round(loss * 1.08 + 0.05, 4),
+                printed_series("val_acc"): round(min(0.97, 0.3 + s / 800), 4),
+                printed_series("test_bleu"): round(2 + s / 40 + rng.random(), 3)}]])
     seconds = int(steps * 0.05) + 1
     writer.write(samples=[host_sample(start + 2 + s, rng) for s in range(seconds)])
     if layers:

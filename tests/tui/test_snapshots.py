@@ -2,7 +2,8 @@
 80x24, replayed from recorded runs.
 
 The Overview is shot as it opens (with the LR schedule ahead) and with the chart keys at
-work: the cursor on the schedule ahead, the strongest smoothing, the log scale, a zoom.
+work: the cursor on the schedule ahead, the strongest smoothing, the log scale, a zoom; and
+with the metrics panel of what a script printed.
 
 The runs are recorded at a fixed wall time with fixed seeds, and the clock the events
 pane reads runs in UTC, so a screen is the same on every machine: the header's elapsed
@@ -92,6 +93,27 @@ CHART_KEYS = {
 def test_overview_chart_keys(snap_compare, single_run, size, keys):
     app, loaded = replay(single_run)
     assert snap_compare(app, press=CHART_KEYS[keys], terminal_size=size, run_before=loaded)
+
+
+@pytest.fixture(scope="module")
+def printed_run(tmp_path_factory):
+    """The single-rank run with what its script printed every 50 steps: a validation loss,
+    a validation accuracy and a test BLEU, as the engine stores them (printed/<name>)."""
+    return make_run(tmp_path_factory.mktemp("printed"), steps=500, status="finished", exit_code=0,
+                    now=RECORDED_AT, schedule=True, printed=True)
+
+
+@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+def test_overview_with_printed_metrics(snap_compare, printed_run, size):
+    """The metrics panel: the validation loss over the training loss, the first of three groups."""
+    app, loaded = replay(printed_run)
+    assert snap_compare(app, terminal_size=size, run_before=loaded)
+
+
+def test_overview_printed_metrics_next_group(snap_compare, printed_run):
+    """``v`` twice: the third group of printed metrics (the validation accuracy), at the cursor."""
+    app, loaded = replay(printed_run)
+    assert snap_compare(app, press=["v", "v", "full_stop"], terminal_size=WIDE, run_before=loaded)
 
 
 @pytest.mark.parametrize("key", ["2", "3", "4"], ids=["layers", "system", "profiler"])

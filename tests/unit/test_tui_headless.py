@@ -2,7 +2,7 @@
 
 import pytest
 
-from ptdash.shared import rundir
+from ptdash.shared import names, rundir
 from ptdash.shared.protocol import Event
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME, StoreWriter
@@ -88,3 +88,17 @@ def test_a_progress_bar_keeps_its_carriage_returns_around_a_ptdash_line(monkeypa
 def test_whole_lines_are_written_as_they_come(monkeypatch):
     got = _written(monkeypatch, [("script", b"a\n"), ("line", b"[ptdash] x\n"), ("script", b"\nb\n")])
     assert got == b"a\n[ptdash] x\n\nb\n"  # the script's own empty line is kept
+
+
+def test_the_progress_line_has_the_newest_validation_metric_the_script_printed(tmp_path):
+    run_dir = make_run(tmp_path, steps=500, status="running", now=1_700_000_000.0)
+    with StoreReader(run_dir / STORE_NAME) as reader:
+        assert "@" not in progress_line(reader, rundir.read_info(run_dir))  # nothing printed: nothing said
+    writer = StoreWriter(run_dir / STORE_NAME)
+    writer.write(rows=[[200, 0.0, {names.printed("val_loss"): 2.2921, names.printed("train_acc"): 0.5}],
+                       [400, 0.0, {names.printed("test_bleu"): 14.25}], [450, 0.0, {names.printed("val_loss"): 1.5}],
+                       [480, 0.0, {names.printed("train_loss"): 0.7}]])  # a training metric is not one
+    writer.close()
+    with StoreReader(run_dir / STORE_NAME) as reader:
+        line = progress_line(reader, rundir.read_info(run_dir))
+    assert "| grad norm " in line and "| val_loss 1.5 @450 | " in line and "train" not in line, line

@@ -256,6 +256,59 @@ def speed(state: RunState, view: ChartView, reads: tuple[str, ...] | None = None
     return Panel(Text("no timings yet", "dim"), Chart())
 
 
+METRIC_STYLES = ("bright_yellow", "bright_magenta", "bright_green", "bright_blue")
+"""The printed metrics' colours, in the order of their group."""
+
+
+def metric_groups(state: RunState) -> list[tuple[str, ...]]:
+    """The metrics the script printed (``printed/<name>``), grouped by what they measure
+    (``val_loss`` and ``train_loss`` are both a loss: names.split_of), the groups with a
+    validation metric first, a validation loss before them, else in the order the store
+    lists them. A loss group the script printed no
+    training loss for also draws the loss ptdash records (``loss``), under the others."""
+    groups: dict[str, list[str]] = {}
+    for name in state.series:
+        printed = names.parse_printed(name)
+        if printed is not None:
+            groups.setdefault(names.split_of(printed).base, []).append(name)
+    out = []
+    for base, members in groups.items():
+        splits = {names.split_of(names.parse_printed(m)).split for m in members}
+        if base == "loss" and names.LOSS in state.series and not splits & {None, "train", "training"}:
+            members.append(names.LOSS)
+        held_out = any(split in names.HELD_OUT for split in splits)
+        out.append(((not held_out, base != "loss"), tuple(members)))
+    return [members for _, members in sorted(out, key=lambda item: item[0])]
+
+
+def metrics_reads(state: RunState) -> tuple[str, ...]:
+    """The metrics panel's series: every group's (the view says which group is drawn)."""
+    return tuple(name for group in metric_groups(state) for name in group)
+
+
+def metrics(state: RunState, view: ChartView, reads: tuple[str, ...] | None = None) -> Panel:
+    """One group of the printed metrics (the ``v`` key picks which, ``view.metric``), each in
+    its colour; a validation loss over the training loss (dim, smoothed as the loss chart)."""
+    groups = metric_groups(state)
+    if not groups:
+        return Panel(Text("no printed metric yet", "dim"), Chart())
+    index = view.metric % len(groups)
+    lines, parts, at = [], _cursor(view), view.cursor
+    for i, name in enumerate(groups[index]):
+        series = state.series[name]
+        if name == names.LOSS:
+            values = ema_series(series.values, 1 - view.smoothing, series.steps) if view.smoothing else series.values
+            lines.insert(0, Line(series.steps, values, "grey42"))
+            parts.append(_value("train loss", value_at(series.steps, values, at), "grey70"))
+            continue
+        style = METRIC_STYLES[i % len(METRIC_STYLES)]
+        lines.append(Line(series.steps, series.values, style))
+        if i < 4:
+            parts.append(_value(names.parse_printed(name), value_at(series.steps, series.values, at), f"bold {style}"))
+    note = [Text(f"v: {index + 1} of {len(groups)}", "dim")] if len(groups) > 1 else []
+    return Panel(_join(parts), _chart(view, state, lines, "auto"), _join(note + _scale_note(view)))
+
+
 def versions(state: RunState, series: tuple[str, ...]) -> tuple:
     """A cheap fingerprint of the series a panel reads, to skip redraws of unchanged data."""
     return tuple(state.series[n].version if n in state.series else -1 for n in series)
@@ -270,5 +323,5 @@ class ChartSpec(NamedTuple):
 
 
 CHARTS = {"loss": ChartSpec(loss_reads, loss), "lr": ChartSpec(lr_reads, lr), "grad": ChartSpec(grad_reads, grad),
-          "speed": ChartSpec(speed_reads, speed)}
+          "speed": ChartSpec(speed_reads, speed), "metrics": ChartSpec(metrics_reads, metrics)}
 """Each Overview chart by its id."""

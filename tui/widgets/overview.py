@@ -1,4 +1,5 @@
-"""The Overview tab: loss, LR, grad norm and speed charts over the log and events panes.
+"""The Overview tab: loss, LR, grad norm and speed charts (and the metrics the script
+printed, when it printed some) over the log and events panes.
 
 When runs are compared, the loss, LR and grad-norm charts overlay every run and a table
 of each run's key figures sits under the charts.
@@ -21,8 +22,10 @@ from .compare_table import CompareTable
 from .events_pane import EventsPane
 from .log_pane import LogPane
 
-CHARTS = (("loss", "loss"), ("lr", "learning rate"), ("grad", "grad norm"), ("speed", "speed"))
-"""(id, title) of each chart, in layout order; what each draws is ``overview.CHARTS[id]``."""
+CHARTS = (("loss", "loss"), ("lr", "learning rate"), ("grad", "grad norm"), ("metrics", "printed"),
+          ("speed", "speed"))
+"""(id, title) of each chart, in layout order; what each draws is ``overview.CHARTS[id]``. The
+metrics panel (what the script printed) shows only when there is some (``-printed``)."""
 
 COMPARED = {"loss": compare.loss, "lr": compare.lr, "grad": compare.grad}
 """The charts that overlay the compared runs, and their builders."""
@@ -49,6 +52,7 @@ CHART_BINDINGS = [
     Binding("escape", "chart('hide')", "Hide the cursor", key_display="esc", id="chart.hide", show=False),
     Binding("e", "chart('smooth')", "Smooth", id="chart.smooth"),
     Binding("y", "chart('scale')", "Log y", id="chart.scale"),
+    Binding("v", "chart('metric')", "Next printed metric (the metrics panel)", id="chart.metric", show=False),
     Binding("w", "wide_events", "Widen the events pane", id="wide_events", show=False),
 ]
 """The chart keys (the app's: they work whatever has the focus); each runs ``ChartView.apply``."""
@@ -66,6 +70,12 @@ class Overview(Widget):
         display: none;
     }
     Overview.-compare > CompareTable {
+        display: block;
+    }
+    Overview #metrics-panel {
+        display: none;
+    }
+    Overview.-printed #metrics-panel {
         display: block;
     }
     """
@@ -92,7 +102,7 @@ class Overview(Widget):
         """Rebuild the charts whose data or view changed since the last call; with ``runs``,
         overlay them (the loss, LR and grad-norm charts)."""
         self.set_class(bool(runs), "-compare")
-        seen = (view.span, view.end, view.cursor, view.smoothing, view.scale)
+        seen = (view.span, view.end, view.cursor, view.smoothing, view.scale, view.metric)
         for key, _ in CHARTS:
             spec = overview.CHARTS[key]
             reads = spec.reads(state)
@@ -102,6 +112,8 @@ class Overview(Widget):
                 fingerprint = (_fingerprint(state, reads), seen)
             if self._seen.get(key) == fingerprint:
                 continue
+            if key == "metrics":
+                self.set_class(bool(reads), "-printed")
             self._seen[key] = fingerprint
             panel = self.query_one(f"#{key}-panel", ChartPanel)
             if fingerprint[0] == "compare":
