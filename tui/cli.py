@@ -62,7 +62,7 @@ def _run_parser() -> argparse.ArgumentParser:
               "       ptdash export RUN --format csv|jsonl|tensorboard [-o PATH]",
         epilog="Each subcommand has --help (ptdash show --help). Keys in the dashboard: space pause/resume, "
                "c checkpoint, g clip norm, l LR factor, p profile, s stop, q quit, + - 0 zoom, , . cursor, "
-               "e smoothing, y log scale, ? help.")
+               "e smoothing, y y scale auto/log/linear, ? help.")
     p.add_argument("--version", action="version", version=f"ptdash {__version__}")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     p.add_argument("--headless", action="store_true",
