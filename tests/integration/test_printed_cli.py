@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 
 from ptdash.shared import names
 from ptdash.shared.reader import StoreReader
+from ptdash.tui.app import make_app
+from ptdash.tui.fmt import fmt_num
+from ptdash.tui.source.replay import ReplaySource
+from support.pilot import screen_text, until
 from support.runner import SCRIPTS, ptdash
 
 
@@ -73,3 +79,26 @@ def test_no_parse_output_reads_nothing_the_script_prints(tmp_path):
         assert [n for n in store.names() if names.parse_printed(n)] == []
         assert store.events(kind="printed") == []
         assert store.series(names.LOSS)[0] == list(range(1, 21))
+
+
+def test_the_demos_val_loss_is_charted(tmp_path):
+    result = ptdash("--headless", "--run-dir", "run", "demo", "--steps", "30", "--n-layer", "1", "--n-embd", "32",
+                    "--block-size", "16", "--batch-size", "8", "--log-every", "10", "--eval-every", "15",
+                    "--device", "cpu", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    printed = re.findall(r"^eval step (\d+) \| val loss ([0-9.]+)$", (tmp_path / "run" / "output.log").read_text(),
+                         re.MULTILINE)
+    assert [int(step) for step, _ in printed] == [15, 30]
+    with StoreReader(tmp_path / "run" / "metrics.db") as store:
+        assert store.series(names.printed("val_loss")) == ([15, 30], [float(v) for _, v in printed])
+    assert f"| val_loss {float(printed[-1][1]):.5g} @30 |" in result.stdout  # the headless progress line
+    # On screen: the printed panel draws it (over the training loss the demo prints).
+    app = make_app(ReplaySource(tmp_path / "run"))
+
+    async def scenario():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.drawn and "─ printed " in screen_text(app), what="the printed panel")
+            legend = next(line for line in screen_text(app).splitlines() if "─ printed " in line)
+            assert f"val_loss {fmt_num(float(printed[-1][1]), 4)}" in legend and "  loss " in legend, legend
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
