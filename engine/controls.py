@@ -83,6 +83,8 @@ class Controls:
         self.requested_pause = False
         self.refuse_partial: Callable[[], str | None] = lambda: None
         """Why clip and LR changes cannot reach every replica now (some rank runs without ptdash)."""
+        self.on_stacks: Callable[[str], None] = lambda cmd_id: None
+        """Takes every rank's stacks and answers the command with them (stackgather.py)."""
         self.on_queued: Callable[[], None] = lambda: None
         """Called after a command is queued (the hub ends a paused round's wait)."""
         self.lr_refusal: Callable[[], str | None] = lambda: None
@@ -102,6 +104,9 @@ class Controls:
             return
         if cmd.name == "kill":
             self._kill()
+            return
+        if cmd.name == "stacks":
+            self.on_stacks(cmd.id)  # answered at once, by the engine's own threads
             return
         if cmd.name == "pause":
             self.requested_pause = True

@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from typing import Callable
 
 import torch.distributed as dist
 
@@ -77,6 +78,8 @@ class Distributed:
         self.exchange_seconds = 0.0
         """Time spent in command exchanges outside pauses, to report their cost per step."""
         self._last_cost = 0.0
+        self.answer_stacks: Callable[[], dict] | None = None
+        """This process's stacks (stacks.StackTaker.take), for the hub's requests."""
         self.identify()
 
     @property
@@ -108,7 +111,8 @@ class Distributed:
         deadline = time.monotonic() + HUB_WAIT_SECONDS
         while not self._closing:
             try:
-                self.link = Link(self._link_path, self._token, self.rank, self.world_size, self._hello)
+                self.link = Link(self._link_path, self._token, self.rank, self.world_size, self._hello,
+                                 answer=self._answer)
                 return
             except HubNotListening as exc:
                 if time.monotonic() > deadline:
@@ -118,6 +122,12 @@ class Distributed:
                 self._link_error = exc
                 return
             time.sleep(_RETRY_SECONDS)
+
+    def _answer(self, frame: dict) -> dict | None:
+        """The hub asks for this process's stacks (the link's reader thread)."""
+        if "stacks" in frame and self.answer_stacks is not None:
+            return {"stacks": frame["stacks"], "result": self.answer_stacks()}
+        return None
 
     def wait_link(self) -> bool:
         """Whether the rank link is up, once its connection is made or has failed (training thread)."""

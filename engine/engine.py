@@ -52,6 +52,8 @@ from .shared.protocol import Event, LayerNames, Metrics, Samples, Schedule, Stat
 from .shared.store import STORE_NAME, StoreWriter
 from .shared.transport import Server
 from .shared.wire import from_dict
+from .stackgather import StackGatherer
+from .stacks import StackTaker
 from .uservalues import UserValues
 
 log = logging.getLogger("ptdash.engine")
@@ -132,17 +134,19 @@ class Engine:
                                         lambda: self.hooks.step, lambda: self.settings.lr_scale,
                                         lambda: self.journal.total_steps,
                                         on_end=self._schedule_end) if leads else None)
+        self.stacks = StackTaker(lambda: self.dist.rank, lambda: self.hooks.step, answers=self.dist)
         self.ranks = (RankCollector(self.store, self._publish, self.journal.event, lambda: self.journal.state,
                                     config.stall_seconds, self.hub.rank_pids, self._stalled) if self.primary else None)
         self.printed = (PrintedMetrics(lambda: self.hooks.step, self.journal.event, self.user_values.names)
                         if config.parse_output else None)
         """The metrics the script prints; the output relay feeds it (bootstrap.py), the flusher drains it."""
+        self.gatherer = StackGatherer(self.hub, self.stacks.take, self._publish, self.ranks,
+                                      self.controls) if self.primary else None
         self.flusher = Flusher(self.recorder, self.journal, self.doctor, self.anomalies, self.naming,
                                system.SystemSampler(), self._publish, store=self.store, printed=self.printed,
-                               stepped=self.user_values.drain_at,
-                               push=None if self.primary else self.dist.push, ranks=self.ranks,
-                               interval=config.flush_interval, step_seconds=lambda: self.hooks.state.last_step_s,
-                               schedule=self.preview, budget=self.budget)
+                               stepped=self.user_values.drain_at, push=None if self.primary else self.dist.push,
+                               ranks=self.ranks, interval=config.flush_interval, schedule=self.preview,
+                               step_seconds=lambda: self.hooks.state.last_step_s, budget=self.budget)
         self.flusher.push_layers = leads and not self.primary
         self._periodic = bool(config.checkpoint_every or config.checkpoint_every_s)
         """Whether each step end checks for a periodic checkpoint."""
@@ -234,6 +238,7 @@ class Engine:
             system.memory_history_start()
         self.hooks.attach()
         self.doctor.attach()
+        self.stacks.collectives.attach(self._patches)
         if self.checkpointer.resuming:
             self.hooks.arm_resume(self.checkpointer.apply_resume)
             self.checkpointer.guard_schedulers(self._patches, lambda: self.hooks.step)
@@ -344,6 +349,7 @@ class Engine:
 
     def _first_step(self) -> None:
         """Before the first update (every rank): join the command exchange if DDP is on."""
+        self.stacks.here()
         self.dist.setup()
         self.flusher.floor = 0.0 if self.primary else push_interval(self.dist.world_size)  # the hub keeps up
 

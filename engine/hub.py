@@ -31,7 +31,7 @@ import math
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -125,6 +125,9 @@ class Hub:
         self.exchanges = 0
         self.lost_nodes: dict[int, dict] = {}
         """Node -> ``{"node", "host", "ranks"}`` of the nodes that were lost."""
+        self._data_conns: dict[int, tuple[link.Conn, threading.Lock]] = {}
+        self.on_stacks: Callable[[int, dict], None] = lambda rank, frame: None
+        """A rank's answer to ``ask(rank, {"stacks": n})`` (stackgather.py)."""
 
     # ------------------------------------------------------------------ listening
 
@@ -179,8 +182,35 @@ class Hub:
                 raise ValueError(f"unknown request {sorted(request)[:3]}")
 
     def _serve_data(self, conn: link.Conn, rank: int) -> None:
+        with self._cond:
+            self._data_conns[rank] = (conn, threading.Lock())
+        try:
+            self._read_data(conn, rank)
+        finally:
+            with self._cond:
+                if self._data_conns.get(rank, (None,))[0] is conn:
+                    del self._data_conns[rank]
+
+    def ask(self, rank: int, obj: dict) -> bool:
+        """Send ``obj`` to a rank on its data connection (its link thread answers); False if none."""
+        with self._cond:
+            found = self._data_conns.get(rank)
+        if found is None:
+            return False
+        conn, lock = found
+        try:
+            with lock:
+                conn.send(obj)
+        except (OSError, ValueError) as exc:
+            log.warning("rank link of rank %d: %s", rank, exc)
+            return False
+        return True
+
+    def _read_data(self, conn: link.Conn, rank: int) -> None:
         while (frame := conn.recv()) is not None:
-            if "push" in frame:
+            if "stacks" in frame:
+                self.on_stacks(rank, frame)
+            elif "push" in frame:
                 self._on_data(rank, frame["push"])
             elif "publish" in frame and rank == 0:
                 self._on_publish(rank, frame["publish"])
@@ -255,6 +285,11 @@ class Hub:
         own pid for a rank in it)."""
         with self._cond:
             return {rank: info.pid for rank, info in self.ranks.items() if not info.host}
+
+    def rank_infos(self) -> list[RankInfo]:
+        """A copy of every registered rank's entry, by rank."""
+        with self._cond:
+            return [replace(info) for _, info in sorted(self.ranks.items())]
 
     def pids(self) -> list[int]:
         """Pids of the ranks in other processes on this machine, as the kernel named them."""

@@ -30,6 +30,7 @@ import socket
 import struct
 import threading
 from pathlib import Path
+from typing import Callable
 
 from .shared import authlink
 
@@ -128,6 +129,12 @@ class Conn:
             self.channel.close()
         else:
             try:
+                # Shut down first: a thread blocked reading this socket (a rank's link reader)
+                # would otherwise keep it open, and the peer would never see it close.
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            try:
                 self.sock.close()
             except OSError:
                 pass
@@ -181,8 +188,11 @@ def connect(target, token: str, rank: int, world: int, role: str, timeout: float
 class Link:
     """One rank's two connections to the hub (see the module docstring)."""
 
-    def __init__(self, target, token: str, rank: int, world: int, extra: dict | None = None) -> None:
+    def __init__(self, target, token: str, rank: int, world: int, extra: dict | None = None,
+                 answer: Callable[[dict], dict | None] = lambda frame: None) -> None:
         self.rank = rank
+        self._answer = answer
+        """What this rank says to a request the hub sends on the data connection (its stacks)."""
         self._ctl = connect(target, token, rank, world, "control", extra=extra)
         try:
             self._data = connect(target, token, rank, world, "data", extra=extra)
@@ -194,6 +204,17 @@ class Link:
         """Flushes dropped because the hub did not take them in time."""
         self._sender = threading.Thread(target=self._send_loop, name="ptdash-link", daemon=True)
         self._sender.start()
+        threading.Thread(target=self._read_loop, name="ptdash-link-read", daemon=True).start()
+
+    def _read_loop(self) -> None:
+        """Answer the hub's requests on the data connection: from this thread, never the training one."""
+        try:
+            while (frame := self._data.recv()) is not None:
+                reply = self._answer(frame)
+                if reply is not None:
+                    self.post(reply)
+        except (OSError, ValueError):
+            return  # closed: the link is ending
 
     def request(self, obj: dict) -> dict:
         """Send on the control connection and wait for the answer (training thread only)."""

@@ -16,7 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from .shared import events, packed
+from .doctor.rules import RULES
+from .shared import events, packed, stacks
 from .shared.protocol import Event, LayerNames, Layers, Message, Metrics, Samples, Schedule
 from .shared.wire import from_dict
 
@@ -61,6 +62,12 @@ class RankCollector:
         self._stalled = False
         self.stalled: str | None = None
         """What the newest stall is (for run.json), or None while every rank makes steps."""
+        self.stacks: Callable[[], list[dict]] | None = None
+        """Every rank's stacks (stackgather.py), taken when a stall is named and kept with it."""
+
+    def steps(self) -> dict[int, int]:
+        """Each rank's newest step, as the hub last heard it."""
+        return {rank: step for rank, (step, _) in list(self._progress.items())}
 
     def receive(self, rank: int, payload: dict) -> None:
         """A flush of ``rank`` (any thread): kept until the flusher's next ``collect``."""
@@ -126,13 +133,43 @@ class RankCollector:
             culprits, why = behind, f"the others wait for it at step {max(quiet.values())}"
         else:
             culprits, why = [], ""
+        seconds = now - since
+        self._stalled = True
+        if self.stacks is None:
+            self._name_stall(lowest, culprits, why, seconds, [])
+        else:  # the ranks answer within seconds; the flusher does not wait for them
+            threading.Thread(target=self._stall_with_stacks, args=(lowest, culprits, why, seconds),
+                             name="ptdash-stall-stacks", daemon=True).start()
+
+    def _stall_with_stacks(self, lowest: int, culprits: list[int], why: str, seconds: float) -> None:
+        try:
+            taken = self.stacks()
+        except Exception:  # noqa: BLE001 - the stall is named without them
+            log.exception("could not take the ranks' stacks at a stall")
+            taken = []
+        self._name_stall(lowest, culprits, why, seconds, taken)
+
+    def _name_stall(self, lowest: int, culprits: list[int], why: str, seconds: float, taken: list[dict]) -> None:
+        ranks = stacks.read(taken)
+        where = stacks.summary(ranks, seconds) if len(ranks) else ""
+        if not culprits and ranks:
+            culprits = stacks.culprits(ranks)
+            if culprits:
+                why = "the others wait for it (by the stacks)"
         if culprits:
             who = f"rank{'s' if len(culprits) > 1 else ''} {', '.join(map(str, culprits))}"
-            text = f"{who} stalled: no step for {now - since:.0f} s (at step {lowest}); {why}"
+            text = f"{who} stalled: no step for {seconds:.0f} s (at step {lowest}); {why}"
         else:
-            text = f"no rank made a step for {now - since:.0f} s (all at step {lowest})"
-        self._stalled, self.stalled = True, text
-        self._event(events.Stall(step=lowest, ranks=tuple(culprits), seconds=now - since, why=why), text)
+            text = f"no rank made a step for {seconds:.0f} s (all at step {lowest})"
+        if where:
+            text += f": {where}"
+        if self._stalled:  # not already over while the stacks were taken
+            self.stalled = text
+        self._event(events.Stall(step=lowest, ranks=tuple(culprits), seconds=seconds, why=why, where=where,
+                                 stacks=tuple(ranks)), text)
+        if where:
+            self._event(events.Finding(id="stalled", what=where, why=RULES["stalled"].why, fix=RULES["stalled"].fix,
+                                       severity=RULES["stalled"].severity, step=lowest), f"stalled: {where}")
         self._on_stall(text)
 
 

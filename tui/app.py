@@ -21,8 +21,8 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from ptdash.shared import events
-from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Samples, Schedule, Status
+from ptdash.shared import events, stacks
+from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Samples, Schedule, Stacks, Status
 
 from .commands import CommandActions
 from .compare import Comparison
@@ -60,6 +60,7 @@ class DashboardApp(CommandActions, App[str]):
         Binding("g", "clip", "Clip", id="clip"),
         Binding("l", "lr_factor", "LR factor", id="lr_factor"),
         Binding("p", "profile", "Profile", id="profile"),
+        Binding("k", "stacks", "Stacks", id="stacks"),
         Binding("s", "stop", "Stop", id="stop"),
         Binding("q", "quit", "Quit", id="quit"),
         Binding("t", "toggle_time", "By time/step", id="compare.time"),
@@ -146,6 +147,8 @@ class DashboardApp(CommandActions, App[str]):
                 controls_changed |= self._apply_status(obj, new_events)
             elif isinstance(obj, Ack):
                 new_events.append(self._apply_ack(obj))
+            elif isinstance(obj, Stacks):
+                self._take_stacks(obj)
             elif isinstance(obj, Event):
                 line = self.state.add_event(obj)
                 if line is not None:
@@ -195,6 +198,14 @@ class DashboardApp(CommandActions, App[str]):
             new_events.append(line)
             self.notify(last, title="Run crashed", severity="error", timeout=10)
         return True
+
+    def _take_stacks(self, msg: Stacks) -> None:
+        """Every rank's stacks, asked for with ``k``: the Ranks tab shows them (one process: a note)."""
+        found = tuple(stacks.read(msg.ranks))
+        self.state.stacks = (f"asked for at {time.strftime('%H:%M:%S', time.localtime(msg.wall))}", found)
+        if self.state.world_size <= 1:
+            self.notify(stacks.summary(list(found)) or "no stacks came", title="Stacks (ptdash stacks: all of them)",
+                        timeout=15)
 
     def _alert(self, event: Event) -> None:
         """Live events that need the user now: an OOM report, a pause for an anomaly."""

@@ -8,6 +8,7 @@ ptdash attach [RUN]  /  show RUN [RUN...]  re-attach, browse (several runs side 
 ptdash ls [--all]                         list runs
 ptdash ctl [RUN] COMMAND [VALUE]          steer a run from another terminal
 ptdash doctor [RUN]                       what the training doctor found
+ptdash stacks [RUN]                       where every rank is now (Python stacks)
 ptdash export RUN --format csv|jsonl|tensorboard
 ```
 
@@ -49,7 +50,7 @@ from .options import (
     steps_arg,
 )
 
-SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor", "export")
+SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor", "export", "stacks")
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -351,6 +352,10 @@ def _main(argv: list[str]) -> int:
             from .doctor_cli import cmd_doctor
 
             return cmd_doctor(rest)
+        if sub == "stacks":
+            from .stacks_cli import cmd_stacks
+
+            return cmd_stacks(rest)
         if sub == "export":
             from .export import cmd_export
 

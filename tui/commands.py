@@ -25,7 +25,7 @@ from .widgets.report_view import ReportView
 from .widgets.stop_dialog import StopDialog
 from .widgets.value_dialog import ValueDialog
 
-CONTROL_ACTIONS = frozenset({"pause", "resume", "checkpoint", "clip", "lr_factor", "profile", "stop"})
+CONTROL_ACTIONS = frozenset({"pause", "resume", "checkpoint", "clip", "lr_factor", "profile", "stop", "stacks"})
 """Actions that send a command, and so need a live, connected engine."""
 
 
@@ -87,6 +87,12 @@ class CommandActions:
         self.state.profile_note = None
         self.send("profile", self.profile_steps)
         self.query_one("#profiler-view", ReportView).refresh_report(self.state)
+
+    def action_stacks(self) -> None:
+        """Ask every rank where it is; the answer (no ack) comes as a Stacks, shown in the Ranks tab."""
+        self.source.send(Command(id=new_command_id(), name="stacks"))
+        if self.state.world_size > 1:
+            self.query_one(TabbedContent).active = "ranks"
 
     def action_clip(self) -> None:
         status = self.state.status

@@ -24,13 +24,14 @@ from . import runs, subcommands
 from .errors import CliError
 
 CTL_COMMANDS = {"pause": "pause", "resume": "resume", "checkpoint": "checkpoint", "clip": "clip",
-                "lr-scale": "lr_scale", "stop": "stop", "kill": "kill", "profile": "profile"}
+                "lr-scale": "lr_scale", "stop": "stop", "kill": "kill", "profile": "profile",
+                "stacks": "stacks"}
 
 
 def cmd_ctl(argv: list[str]) -> int:
     """Send one command to a live run and print its Ack; see the module docstring for the exit status."""
     args = subcommands.parse("ctl", argv)
-    usage = "usage: ptdash ctl [RUN] pause|resume|checkpoint|clip X|lr-scale X|profile N|stop|kill"
+    usage = "usage: ptdash ctl [RUN] pause|resume|checkpoint|clip X|lr-scale X|profile N|stop|kill|stacks"
     words = list(args.words)
     spec = None
     if words and words[0] not in CTL_COMMANDS:
@@ -48,6 +49,10 @@ def cmd_ctl(argv: list[str]) -> int:
             raise CliError(str(exc), 1) from None
     elif words:
         raise CliError(f"unexpected {' '.join(words)!r} ({usage})")
+    if name == "stacks":
+        from .stacks_cli import cmd_stacks
+
+        return cmd_stacks(None, spec, args.json)
     run = runs.resolve(spec, live_only=True)
     cmd = Command(id=uuid.uuid4().hex[:8], name=name, value=value)
     try:

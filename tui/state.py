@@ -62,8 +62,7 @@ class RunState:
     """Why the latest profile request came to nothing (refused), shown above the last report."""
     oom: events.Oom | None = None
     """The latest out-of-memory report: error, remedies, allocator summary."""
-    hint: str | None = None
-    """The latest ``hint`` (input-bound advice), shown under the step-time breakdown."""
+    hint: str | None = None  # the latest ``hint`` (input-bound advice), under the step-time breakdown
     pause_reason: str | None = None
     """Why the engine paused the run by itself (an anomaly), until it runs again."""
     samples: dict[int, dict[str, Series]] = field(default_factory=dict)
@@ -88,6 +87,8 @@ class RunState:
     """The LR schedule ahead, or the note saying why there is none (None before the engine said)."""
     events_changed: bool = False
     """A line already in ``events`` changed or went (the pane must redraw them); the app resets it."""
+    stacks: tuple[str, tuple] | None = None
+    """The newest ranks' stacks the Ranks tab shows: (when, its RankStacks), asked for or a stall's."""
 
     def __post_init__(self) -> None:
         self.rank_series[0] = self.series
@@ -376,6 +377,7 @@ class RunState:
             if what.id == "no-step":
                 self.no_step = what.what or event.message
         elif isinstance(what, events.Stall):
+            self.stacks = (f"at the stall at step {what.step}", what.stacks) if what.stacks else self.stacks
             if what.ended:
                 self.stalled.clear()
             for rank in what.ranks:

@@ -25,6 +25,7 @@ CTL_HELP = """commands:
                         script has no torch.optim optimizer: its LR is its own variable)
   profile N             profile the next N steps with torch.profiler
   stop | kill           stop cleanly (checkpoint, the script's finally blocks), or kill at once
+  stacks                every rank's Python stacks now, side by side (as ptdash stacks)
 
 The engine answers with the step the command took effect at. Exit status: 0 when
 applied, 1 when refused or unanswered, 2 on bad usage."""
@@ -109,6 +110,19 @@ def _ctl() -> Parser:
     return p
 
 
+def _stacks() -> Parser:
+    p = _parser("stacks", "Print where every rank of a live run is now: each thread's Python stack (the training\n"
+                          "thread first), taken by each rank's engine from a thread of its own, shown side by\n"
+                          "side with the frames common to every rank folded and the frame where ranks differ\n"
+                          "marked. A rank that cannot answer is named with its last step and /proc state.",
+                "Exit status: 0 with every rank's stacks, 1 when some rank did not answer, 2 on bad usage.")
+    p.add_argument("run", nargs="?", metavar="RUN", help=RUN_HELP + " (default: the one live run)")
+    p.add_argument("--json", action="store_true", help="print the ranks' stacks as a JSON object")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="seconds to wait for the engine's answer (default 10)")
+    return p
+
+
 def _export() -> Parser:
     p = _parser("export", "Write a run's history in a format other tools read. Streams the store in windows\n"
                           "of steps, so a run of millions of steps exports in bounded memory; progress on stderr.",
@@ -137,7 +151,7 @@ def _demo() -> Parser:
 
 
 PARSERS = {"ls": _ls, "show": _show, "attach": _attach, "doctor": _doctor, "ctl": _ctl, "export": _export,
-           "demo": _demo}
+           "stacks": _stacks, "demo": _demo}
 
 
 def parser(name: str) -> Parser:

@@ -87,5 +87,12 @@ RULES: dict[str, Rule] = {
         "decayed to ~0, the model may be too small, or the labels may not match the inputs",
         "try other learning rates (the dashboard's LR factor key 'l' changes it live), check the schedule and "
         "that labels match inputs; if it has converged, stop early and save the compute"),
+    "stalled": Rule("error",
+        "no rank made a step for the stall timeout: the ranks that wait (in a collective, in backward's "
+        "gradient all-reduce, at ptdash's step boundary) wait for the one that is elsewhere; a rank that skips "
+        "a collective the others make, or waits for data or a lock, hangs the whole job",
+        "look at the named line of the rank the others wait for (`ptdash stacks RUN` shows every rank's "
+        "stacks now); make every rank call the same collectives in the same order (no collective inside "
+        "`if rank == 0:`), and give DataLoader workers and locks a timeout"),
 }
 """Rule id (or ``id/case``) -> its severity, why it matters and the fix: the doctor's one catalogue."""

@@ -28,6 +28,7 @@ from typing import ClassVar, TypeVar
 
 from .protocol import Event
 from .records import Record
+from .stacks import RankStacks
 
 
 class EventData(Record):
@@ -124,6 +125,10 @@ class Stall(EventData):
     seconds: float | None = None
     why: str = ""
     ended: bool = False
+    where: str = ""
+    """Where the ranks were, by their stacks ("rank 1 was in `slow` (train.py:12) for 40 s; ...")."""
+    stacks: tuple[RankStacks, ...] = ()
+    """Every rank's stacks, taken when the stall was named (shared/stacks.py)."""
 
 
 @kind

@@ -55,8 +55,8 @@ class Hello(Message):
     """Who is connecting (``dashboard``, ``ctl``); informational."""
 
 
-COMMANDS = ("pause", "resume", "checkpoint", "clip", "lr_scale", "stop", "kill", "profile")
-"""Every command name the engine understands."""
+COMMANDS = ("pause", "resume", "checkpoint", "clip", "lr_scale", "stop", "kill", "profile", "stacks")
+"""Every command name the engine understands (``stacks`` is answered at once by a ``Stacks``, not an Ack)."""
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,18 @@ class Schedule(Message):
     rank: int = 0
 
 
+@dataclass(frozen=True)
+class Stacks(Message):
+    """The answer to a ``stacks`` command: every rank's stacks (``shared.stacks.RankStacks``
+    JSON objects, by rank), taken by each engine's own thread while the training runs on."""
+
+    type: ClassVar[str] = "stacks"
+    id: str
+    ranks: list = field(default_factory=list)
+    wall: float = 0.0
+
+
 MESSAGES: dict[str, type[Message]] = {
     cls.type: cls for cls in (Hello, Command, Welcome, Refused, Metrics, Samples, Status, Ack, Event, LayerNames,
-                              Layers, Schedule)
+                              Layers, Schedule, Stacks)
 }

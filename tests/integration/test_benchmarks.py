@@ -36,3 +36,13 @@ def test_the_hub_scale_benchmark_runs():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 ranks:" in result.stdout and "us per other rank's step" in result.stdout
     assert "extrapolated to 1,000 ranks" in result.stdout and "rank channel:" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_stacks_cost_benchmark_runs():
+    """benchmarks/stacks_cost.py for one short round (its figures are its own, longer run)."""
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "stacks_cost.py"
+    result = subprocess.run([sys.executable, str(bench), "--rounds", "1", "--seconds", "2"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "median ratio" in result.stdout and "a stacks request of both ranks answered in" in result.stdout

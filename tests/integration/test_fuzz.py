@@ -30,7 +30,7 @@ IDLE = 10
 """Connections that say nothing (or only hello) and stay open throughout."""
 BUDGET_S = 90.0
 
-NO_VALUE = ("pause", "resume", "checkpoint", "stop", "kill")
+NO_VALUE = ("pause", "resume", "checkpoint", "stop", "kill", "stacks")
 BAD_NUMBERS = ("NaN", "Infinity", "-Infinity", "1e309", "-1e309", str(10 ** 400), "9" * 5000, str(2 ** 63),
                "-" + str(2 ** 64), "1" + "0" * 400 + ".5")
 BAD_TYPES = ('"abc"', "[]", "{}", "true", "false", '{"x":1}', "[1e309]", '"1e308"', '""')
@@ -66,7 +66,7 @@ def command_json(rng: random.Random) -> bytes:
         field["value"] = "null"  # a valid value: only the name's type is wrong
     elif damage < 0.3:
         field["extra"] = rng.choice(BAD_NUMBERS + BAD_TYPES)
-    if field.get("name") in ('"kill"', '"stop"', '"pause"', '"resume"', '"checkpoint"') and field.get(
+    if field.get("name") in ('"kill"', '"stop"', '"pause"', '"resume"', '"checkpoint"', '"stacks"') and field.get(
             "value") in ("null", None):
         field["value"] = "1"  # never a valid command
     return ("{" + ",".join(f'"{k}":{v}' for k, v in field.items()) + "}").encode()

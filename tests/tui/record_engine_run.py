@@ -73,18 +73,45 @@ def record() -> None:
         if front.poll() is None:
             front.kill()
     assert any(s.ended for s in _stalls(run_dir)), "the stall's end"
-    shutil.rmtree(OUT, ignore_errors=True)
-    OUT.mkdir(parents=True)
+    _keep(run_dir, OUT)
+
+
+HANG_OUT = HERE / "runs" / "ddp-hang"
+
+
+def record_hang() -> None:
+    """``python tests/tui/record_engine_run.py hang``: tests/scripts/hangs.py on two gloo ranks, rank 1
+    spinning in Python for 12 s at step 20 while rank 0 waits in backward; the stall the engine names
+    keeps both ranks' stacks (the Ranks tab's snapshot shows them); then the job finishes."""
+    shutil.rmtree(RECORD_DIR, ignore_errors=True)
+    RECORD_DIR.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "scripts" / "hangs.py", RECORD_DIR / "train.py")
+    run_dir = RECORD_DIR / "run"
+    env = {**ENV, "TZ": "UTC"}
+    done = subprocess.run(
+        [sys.executable, "-m", "ptdash.tui.cli", "--headless", "--nproc-per-node", "2", "--stall-timeout", "3",
+         "--run-dir", str(run_dir), "train.py", "--steps", "40", "--sleep", "0.05", "--hang", "python",
+         "--at", "20", "--for", "12"],
+        cwd=RECORD_DIR, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        timeout=600)
+    assert done.returncode == 0
+    assert any(s.stacks and s.ranks == (1,) for s in _stalls(run_dir)), "the stall named with its stacks"
+    _keep(run_dir, HANG_OUT)
+
+
+def _keep(run_dir: Path, out: Path) -> None:
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
     for name in (*KEPT, "metrics.db-wal"):
         if (run_dir / name).exists():
-            shutil.copy(run_dir / name, OUT / name)
-    with sqlite3.connect(OUT / "metrics.db") as db:  # the WAL folded in: one file to commit
+            shutil.copy(run_dir / name, out / name)
+    with sqlite3.connect(out / "metrics.db") as db:  # the WAL folded in: one file to commit
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         db.execute("PRAGMA journal_mode=DELETE")
     for extra in ("metrics.db-wal", "metrics.db-shm"):
-        (OUT / extra).unlink(missing_ok=True)
-    print(f"recorded {OUT} ({sum(p.stat().st_size for p in OUT.iterdir()) / 1e6:.1f} MB) at {time.ctime()}")
+        (out / extra).unlink(missing_ok=True)
+    print(f"recorded {out} ({sum(p.stat().st_size for p in out.iterdir()) / 1e6:.1f} MB) at {time.ctime()}")
 
 
 if __name__ == "__main__":
-    record()
+    record_hang() if sys.argv[1:] == ["hang"] else record()

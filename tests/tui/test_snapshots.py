@@ -145,6 +145,21 @@ def test_a_run_the_real_engine_wrote(snap_compare, engine_run, key):
 
 
 @pytest.fixture(scope="module")
+def hang_run(tmp_path_factory):
+    """Two ranks the real engine ran (record_engine_run.py hang): rank 1 spun in Python at step 20
+    while rank 0 waited in backward; the stall kept both ranks' stacks."""
+    run_dir = tmp_path_factory.mktemp("hang") / "run"
+    shutil.copytree(Path(__file__).parent / "runs" / "ddp-hang", run_dir)
+    return run_dir
+
+
+def test_the_ranks_tab_shows_the_stacks_a_stall_kept(snap_compare, hang_run):
+    """Side by side from where the ranks differ (▶), the sentence naming where each one was on top."""
+    app, loaded = replay(hang_run)
+    assert snap_compare(app, press=["5"], terminal_size=WIDE, run_before=loaded)
+
+
+@pytest.fixture(scope="module")
 def compared_runs(tmp_path_factory):
     """Two finished runs of different lengths and seeds, to be shown side by side."""
     root = tmp_path_factory.mktemp("compare")

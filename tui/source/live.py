@@ -27,6 +27,7 @@ from ptdash.shared.protocol import (
     Metrics,
     Samples,
     Schedule,
+    Stacks,
     Status,
     TransportError,
 )
@@ -205,7 +206,7 @@ class LiveSource(Source):
             elif isinstance(msg, Event):
                 if (msg.wall, msg.message) not in self._backfilled_events:
                     post(msg)
-            elif isinstance(msg, (Status, Ack)):
+            elif isinstance(msg, (Status, Ack, Stacks)):
                 post(msg)
             now = time.monotonic()
             if now >= next_poll:

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from ptdash.shared import names
 from ptdash.shared.exits import describe_exit
+from ptdash.shared.stacks import render
 
 from ..chart import Chart, Line
 from ..fmt import fmt_bytes, fmt_ms, fmt_num, fmt_si
@@ -183,9 +184,23 @@ def step_chart(state: RunState) -> tuple[Text, Chart]:
     return legend, Chart(lines, log_y="auto")
 
 
+def stacks_view(state: RunState, width: int = 100) -> RenderableType | None:
+    """Every rank's training-thread stacks side by side (``k`` asks for them; a stall keeps its
+    own): the sentence naming where each rank is, the common frames folded, ▶ where ranks differ."""
+    if state.stacks is None:
+        return None
+    when, found = state.stacks
+    lines = render(list(found), width=max(40, width - 2), all_threads=False)
+    out = Text.assemble((" stacks ", "bold"), (f"{when}  (k asks again; `ptdash stacks` shows every thread)", "dim"))
+    for i, line in enumerate(lines):
+        style = "bold" if i == 0 else "yellow" if "▶" in line else "dim" if line.endswith(":") else ""
+        out.append("\n " + line, style)
+    return out
+
+
 def versions(state: RunState) -> tuple:
     """A cheap fingerprint of everything the tab reads, to skip unchanged redraws."""
-    return (state.world_size, tuple(sorted(state.stalled.items())), tuple(state.rank_failures.items()),
+    return (state.world_size, id(state.stacks), tuple(sorted(state.stalled.items())), tuple(state.rank_failures.items()),
             tuple(sorted(state.hosts.items())),
             state.status.state if state.status is not None else None,
             tuple((rank, tuple(s.version for n, s in own.items() if rank_wants(n)))

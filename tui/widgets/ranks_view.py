@@ -1,4 +1,5 @@
-"""The Ranks tab: one row per DDP rank over a chart of every rank's step time."""
+"""The Ranks tab: one row per DDP rank, every rank's stacks when asked (``k``) or kept by a
+stall, over a chart of every rank's step time."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ class RanksView(Vertical):
         max-height: 60%;
         width: 1fr;
     }
+    RanksView > #ranks-stacks {
+        height: auto;
+        max-height: 70%;
+        width: 1fr;
+    }
     RanksView > #ranks-chart {
         height: 1fr;
         min-height: 5;
@@ -37,6 +43,7 @@ class RanksView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(id="ranks-table")
+        yield Static(id="ranks-stacks")
         yield ChartPanel("step time per rank", id="ranks-chart")
 
     def refresh_ranks(self, state: RunState) -> None:
@@ -49,6 +56,11 @@ class RanksView(Vertical):
             return
         self._seen = key
         self.query_one("#ranks-table", Static).update(ranks.table(state, self.size.width))
+        shown = ranks.stacks_view(state, self.size.width)
+        panel = self.query_one("#ranks-stacks", Static)
+        panel.display = shown is not None and state.world_size > 1
+        if shown is not None:
+            panel.update(shown)
         chart = self.query_one("#ranks-chart", ChartPanel)
         chart.display = state.world_size > 1
         chart.legend, chart.chart = ranks.step_chart(state)

@@ -1,0 +1,133 @@
+"""``ptdash stacks``, ``ptdash ctl stacks`` and the stacks kept with a stall, through the real CLI.
+
+Real runs of tests/scripts/hangs.py, which hangs one rank at a chosen step: spinning in
+Python, blocked on its DataLoader worker's queue, skipping an all_reduce the other rank makes
+(then waiting in a barrier), or running C code that holds the GIL. Each case is checked for
+what a user needs: the stuck rank's function and line, and where the others wait, both on
+demand and in the stall event the engine stored (and ``ptdash doctor``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+
+import pytest
+
+from ptdash.shared import events
+from ptdash.shared.stacks import read
+from support.runner import SCRIPTS, Run, ptdash, rank_pid, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _stall(run: Run) -> events.Stall | None:
+    with run.store() as s:
+        found = [w for e in s.events() if isinstance(w := events.read(e), events.Stall) and not w.ended]
+    return found[0] if found else None
+
+
+def _stacks(run: Run, tmp_path, *extra: str) -> tuple[int, dict]:
+    done = ptdash("stacks", str(run.run_dir), "--json", *extra, cwd=tmp_path, timeout=60)
+    assert done.stdout.strip(), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def _training(answer: dict, rank: int) -> list:
+    (found,) = [r for r in read(answer["ranks"]) if r.rank == rank]
+    assert found.answered, found
+    assert found.threads[0].training  # the training thread first
+    return list(found.threads[0].frames)
+
+
+def _start(tmp_path, hang: str, *options: str, rank: int = 1, at: int = 12) -> Run:
+    shutil.copy(SCRIPTS / "hangs.py", tmp_path / "train.py")
+    return Run(tmp_path, "train.py", "--hang", hang, "--at", str(at), "--rank", str(rank),
+               options=("--stall-timeout", "3", *options))
+
+
+def test_one_process_spinning_in_python_on_demand_and_at_the_stall(tmp_path):
+    run = _start(tmp_path, "python", rank=0, at=5)
+    try:
+        stall = wait_for(lambda: _stall(run), 120, what="the stall stored")
+        assert "rank 0 was in `wait_for_lost_shard` (train.py:" in stall.where, stall
+        (taken,) = stall.stacks
+        assert taken.training.frames[-1].func == "wait_for_lost_shard"
+        code, answer = _stacks(run, tmp_path)
+        assert code == 0
+        frames = _training(answer, 0)
+        assert frames[-1].func == "wait_for_lost_shard" and frames[-1].file.endswith("train.py")
+        assert frames[-2].code == "wait_for_lost_shard()"
+        assert "rank 0 was in `wait_for_lost_shard` (train.py:" in answer["summary"]
+        text = ptdash("ctl", str(run.run_dir), "stacks", cwd=tmp_path, timeout=60)
+        assert text.returncode == 0, text.stderr
+        assert "wait_for_lost_shard  train.py:" in text.stdout and "ptdash-flush" in text.stdout
+        doctor = ptdash("doctor", str(run.run_dir), cwd=tmp_path, timeout=60)
+        assert "stalled" in doctor.stdout and "rank 0 was in `wait_for_lost_shard` (train.py:" in doctor.stdout
+    finally:
+        run.close()
+
+
+def test_one_process_holding_the_gil_in_c_is_named_with_its_proc_state(tmp_path):
+    run = _start(tmp_path, "gil", rank=0, at=5)
+    try:
+        run.wait_step(1)
+        code, answer = wait_for(lambda: (found := _stacks(run, tmp_path, "--timeout", "3"))[0] == 1 and found, 120,
+                                what="no answer from the engine")
+        (rank,) = read(answer["ranks"])
+        assert not rank.answered and "did not answer" in rank.note and rank.state.startswith("R"), rank
+    finally:
+        run.close()
+
+
+CASES = {
+    # hang: (what rank 1's stacks name, what rank 0 waits in)
+    "python": ("rank 1 was in `wait_for_lost_shard` (train.py:", "rank 0 waited in `loss.backward()` (train.py:"),
+    "data": ("rank 1 was in `for step, x in enumerate(loader, 1):` (train.py:",
+             "rank 0 waited in `loss.backward()` (train.py:"),
+    "collective": ("rank 1 waited in `dist.barrier()` (train.py:", "rank 0 waited in `dist.all_reduce(metric)` (train.py:"),
+}
+
+
+@pytest.mark.parametrize("hang", sorted(CASES))
+def test_two_gloo_ranks_one_stuck_named_on_demand_and_in_the_stall(tmp_path, hang):
+    run = _start(tmp_path, hang, "--nproc-per-node", "2")
+    stuck, waits = CASES[hang]
+    try:
+        stall = wait_for(lambda: _stall(run), 180, what="the stall stored")
+        assert stuck in stall.where and waits in stall.where, stall.where
+        assert [r.rank for r in stall.stacks] == [0, 1]
+        if hang != "collective":
+            assert stall.ranks == (1,), stall  # named by its stacks: rank 0 waits for it
+        else:
+            assert "rank 1 made 1 fewer all_reduce than rank 0" in stall.where
+        code, answer = _stacks(run, tmp_path)
+        assert code == 0 and stuck in answer["summary"] and waits in answer["summary"], answer["summary"]
+        inner = {"python": "wait_for_lost_shard", "data": "_try_get_data", "collective": "barrier"}[hang]
+        assert inner in [f.func for f in _training(answer, 1)]
+        text = ptdash("stacks", str(run.run_dir), cwd=tmp_path, timeout=60)
+        assert "ranks differ here:" in text.stdout and "▶" in text.stdout, text.stdout
+        doctor = ptdash("doctor", str(run.run_dir), cwd=tmp_path, timeout=60)
+        assert stuck in doctor.stdout.replace("\n        ", " "), doctor.stdout
+    finally:
+        run.close()
+
+
+def test_a_rank_that_cannot_answer_is_named_with_its_last_step_and_proc_state(tmp_path):
+    run = _start(tmp_path, "none", "--nproc-per-node", "2")
+    try:
+        wait_for(lambda: run.last_step(1) >= 5, 180, what="rank 1 stepping")
+        rank1 = rank_pid(tmp_path, 1)
+        os.kill(rank1, signal.SIGSTOP)
+        try:
+            code, answer = _stacks(run, tmp_path)
+        finally:
+            os.kill(rank1, signal.SIGCONT)
+        assert code == 1
+        zero, one = read(answer["ranks"])
+        assert zero.answered and not one.answered and one.pid == rank1
+        assert one.state.startswith("T") and "stopped" in one.note and one.step >= 5, one
+    finally:
+        run.close()

@@ -1,0 +1,148 @@
+"""What ranks' stacks say (shared/stacks.py) and how one process takes its own (engine/stacks.py)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ptdash.shared import events
+from ptdash.shared.stacks import (
+    Frame,
+    RankStacks,
+    Thread,
+    culprits,
+    doing,
+    fold,
+    mismatch,
+    process_state,
+    read,
+    render,
+    short,
+    summary,
+    where,
+)
+from ptdash.stacks import Collectives, StackTaker
+
+SITE = "/venv/lib/python3.11/site-packages/"
+MAIN = [Frame(file="/home/u/train.py", line=40, func="<module>", code="main()", own=True),
+        Frame(file="/home/u/train.py", line=30, func="main", code="step(model)", own=True)]
+
+
+def _rank(rank: int, *inner: Frame, step: int = 29, **kw) -> RankStacks:
+    threads = (Thread(name="MainThread", training=True, frames=tuple(MAIN + list(inner))),
+               Thread(name="ptdash-flush", ptdash=True, frames=(Frame(file="/x/threading.py", line=3, func="wait",
+                                                                      lib="threading"),)))
+    return RankStacks(rank=rank, pid=100 + rank, step=step, threads=threads, **kw)
+
+
+BACKWARD = [Frame(file="/home/u/train.py", line=15, func="step", code="loss.backward()", own=True),
+            Frame(file=SITE + "torch/_tensor.py", line=623, func="backward", lib="torch"),
+            Frame(file=SITE + "torch/autograd/graph.py", line=979, func="_engine_run_backward", lib="torch")]
+SPIN = [Frame(file="/home/u/train.py", line=17, func="step", code="wait_for_lost_shard()", own=True),
+        Frame(file="/home/u/train.py", line=12, func="wait_for_lost_shard", code="while True:", own=True)]
+
+
+def test_a_rank_spinning_in_python_is_the_one_the_others_wait_for():
+    ranks = [_rank(0, *BACKWARD), _rank(1, *SPIN)]
+    assert doing(ranks[0])[0] == "backward" and doing(ranks[1])[0] == "python"
+    assert culprits(ranks) == [1]
+    assert where(ranks[1]) == "`wait_for_lost_shard` (train.py:12)"
+    assert where(ranks[0]) == "`loss.backward()` (train.py:15)"
+    assert summary(ranks, 40) == ("rank 1 was in `wait_for_lost_shard` (train.py:12) for 40 s; "
+                                  "rank 0 waited in `loss.backward()` (train.py:15)")
+
+
+def test_the_fold_keeps_the_common_frames_once_and_marks_where_ranks_differ():
+    ranks = [_rank(0, *BACKWARD), _rank(1, *SPIN), _rank(2, *BACKWARD)]
+    common, groups = fold(ranks)
+    assert common == MAIN
+    assert [numbers for numbers, _ in groups] == [[0, 2], [1]]
+    assert groups[1][1][0].code == "wait_for_lost_shard()"
+    text = "\n".join(render(ranks, width=100))
+    assert "common to all ranks (2 frames)" in text and "ranks differ here:" in text
+    assert text.count("▶") == 2 and "ranks 0, 2, step 29" in text and "rank 1, step 29" in text
+    assert "rank 0: other threads" in text and "ptdash-flush (ptdash)" in text
+
+
+def test_a_skipped_all_reduce_is_named_by_the_counts():
+    reduce = Frame(file=SITE + "torch/distributed/distributed_c10d.py", line=3252, func="all_reduce", lib="torch")
+    barrier = Frame(file=SITE + "torch/distributed/distributed_c10d.py", line=5356, func="barrier", lib="torch")
+    ranks = [_rank(0, Frame(file="/home/u/train.py", line=67, func="step", code="dist.all_reduce(m)", own=True),
+                   reduce, collectives={"all_reduce": 20}),
+             _rank(1, Frame(file="/home/u/train.py", line=65, func="step", code="dist.barrier()  # why", own=True),
+                   barrier, collectives={"all_reduce": 19, "barrier": 1})]
+    assert [doing(r) for r in ranks] == [("collective", "in all_reduce"), ("collective", "in barrier")]
+    assert culprits(ranks) == []  # both wait: the counts say who skipped
+    assert "rank 1 made 1 fewer all_reduce than rank 0 (20 made)" in mismatch(ranks)
+    assert "rank 1 waited in `dist.barrier()` (train.py:65)" in summary(ranks)
+
+
+def test_a_rank_that_did_not_answer_is_named_with_its_state():
+    ranks = [_rank(0, *BACKWARD), RankStacks(rank=1, pid=7, step=57, answered=False, state="T (stopped)",
+                                             wchan="do_signal_stop", note="no answer: its process is stopped")]
+    assert doing(ranks[1])[0] == "stopped" and culprits(ranks) == [1]  # rank 0 waits for it
+    assert "rank 1: its process is stopped (SIGSTOP or a debugger) (last step 57)" in summary(ranks)
+    assert any("rank 1 (pid 7, last step 57): no answer" in line and "do_signal_stop" in line
+               for line in render(ranks))
+
+
+def test_stacks_travel_in_a_stall_event_and_read_back():
+    ranks = (_rank(0, *BACKWARD), _rank(1, *SPIN, collectives={"all_reduce": 3}))
+    stall = events.Stall(step=29, ranks=(1,), where="x", stacks=ranks)
+    back = events.Stall.from_data(stall.to_data())
+    assert back == stall and back.stacks[1].training.frames[-1].func == "wait_for_lost_shard"
+    assert read([r.to_data() for r in reversed(ranks)]) == list(ranks)
+
+
+def test_short_paths():
+    assert short(SITE + "torch/_tensor.py") == "torch/_tensor.py"
+    assert short("/usr/lib/python3.11/threading.py") == "threading.py"
+    assert short("/home/u/proj/train.py") == "train.py"
+
+
+def test_this_process_takes_its_stacks_from_another_thread_training_thread_first():
+    started, release = threading.Event(), threading.Event()
+
+    def blocked_in_c():
+        started.set()
+        release.wait(30)  # a lock wait: C, the GIL released
+
+    worker = threading.Thread(target=blocked_in_c, name="trainer")
+    worker.start()
+    started.wait(30)
+    try:
+        taker = StackTaker(lambda: 3, lambda: 12)
+        taker.training = worker.ident
+        taken = RankStacks.from_data(taker.take())
+    finally:
+        release.set()
+        worker.join(30)
+    assert taken.rank == 3 and taken.step == 12 and taken.pid == os.getpid()
+    first = taken.threads[0]
+    assert first.training and first.name == "trainer"
+    assert [f.func for f in first.frames if f.own][-1] == "blocked_in_c"
+    assert first.frames[-1].func == "wait" and first.frames[-1].lib == "threading"
+
+
+def test_collectives_are_counted_and_the_wrappers_undone():
+    import torch.distributed as dist
+
+    original = dist.all_reduce
+    counted = Collectives()
+    counted.attach()
+    try:
+        assert dist.all_reduce is not original and dist.all_reduce.__wrapped__ is original
+        try:
+            dist.all_reduce(None)  # no process group: torch raises, after the count
+        except Exception:  # noqa: BLE001 - torch's own error
+            pass
+        assert counted.counts == {"all_reduce": 1}
+    finally:
+        counted.detach()
+    assert dist.all_reduce is original
+
+
+def test_proc_state_of_this_process():
+    state, _ = process_state(os.getpid())
+    assert state in ("R (running)", "S (sleeping)")
+    assert process_state(2 ** 22 + 12345) == ("", "")
