@@ -100,8 +100,9 @@ def _run_dir(argv: list[str]) -> tuple[Path | None, RunConfig]:
                   flush=True)
             return None, RunConfig()
     os.environ["PTDASH_RUN_DIR"] = str(run_dir)
-    if rank == 0 or nodes.place() is not None:
-        setup_logging(run_dir)
+    # Every rank logs to the run's engine.log: a rank with no handler would have logging's
+    # last resort print its errors into the script's output.
+    setup_logging(run_dir)
     return run_dir, rundir.read_info(run_dir).config
 
 

@@ -100,6 +100,8 @@ class Flusher:
         self._begun = self._ended = 0
         """Flushes of the loop begun and ended (``flush_now`` waits for one begun after its call)."""
         self._thread: threading.Thread | None = None
+        self._failed = False
+        self._dropped_said = False
         self._started = self._last_layer_record = time.monotonic()
 
     def start(self) -> None:
@@ -155,8 +157,13 @@ class Flusher:
                 if now - last_status >= 0.95:
                     self._publish(self._journal.status())
                     last_status = now
-            except Exception:  # keep flushing; never take training down
+            except Exception as exc:  # keep flushing; never take training down
                 log.exception("flush failed")
+                if not self._failed:  # the run's events say it once; engine.log every time
+                    self._failed = True
+                    first = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                    self._journal.event("warning", f"a flush failed ({first}); later ones are only logged "
+                                        "in engine.log")
             with self._count:
                 self._ended = self._begun
                 self._count.notify_all()
@@ -173,6 +180,9 @@ class Flusher:
         reading of the host, the GPUs and ptdash's own cost, taken after the drain so that it
         counts the steps just drained (a run's last flush holds its last steps)."""
         rows, layer_rows = self._recorder.drain()
+        if self._recorder.dropped is not None and not self._dropped_said:
+            self._dropped_said = True
+            self._journal.event("warning", f"{self._recorder.dropped}; kept the others' rows (engine.log has each)")
         self._rebudget()
         schedules = self._schedule_ahead(rows)
         self._doctor.on_flush(rows, layer_rows, _to_host)

@@ -53,7 +53,7 @@ from typing import Any, Callable
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from . import wrappers
+from . import sharded, wrappers
 from .budget import Budget
 from .forward import ForwardHook
 from .invisible import ModuleState, patch_warn
@@ -102,6 +102,8 @@ class Hooks:
         budget.on_change.append(self.end.period_changed)
         discovery.on_models.append(self.forward.models_changed)
         self._post_handle = None
+        self._fsdp1 = None
+        """The finder that patches FSDP1's clip when the script imports it (sharded.py)."""
         self._patches = Patches()
         self._module_state = ModuleState()
         self._module_state.hooks.append(self.forward.fn)
@@ -142,12 +144,18 @@ class Hooks:
             patch(torch.nn.utils, "clip_grads_with_norm_", with_norm)
             if hasattr(clip_module, "clip_grads_with_norm_"):
                 patch(clip_module, "clip_grads_with_norm_", with_norm)
+        self._fsdp1 = sharded.when_imported(sharded.FSDP1_MODULE, self._patch_fsdp1)
         self._discovery.attach(self._patches)
         self.loaders.attach(self._patches)
         patch(torch.amp.GradScaler, "scale", wrappers.wrap_scale(self, torch.amp.GradScaler.scale))
         patch(torch.optim.Optimizer, "zero_grad", wrappers.wrap_zero_grad(self, torch.optim.Optimizer.zero_grad))
         self.loaders.timing = self.doctor.watching
         self.forward.set(self.forward.on)  # as it was, when attached again after a detach
+
+    def _patch_fsdp1(self, module) -> None:
+        """FSDP1's own clip (its method reduces the shards' norms): wrapped as torch's is."""
+        fsdp = module.FullyShardedDataParallel
+        self._patches.set(fsdp, "clip_grad_norm_", wrappers.wrap_fsdp_clip(self, fsdp.clip_grad_norm_))
 
     def end_manual_step(self) -> None:
         """The script ended: no next backward will end its last inferred step (manual.py)."""
@@ -164,5 +172,8 @@ class Hooks:
             self._post_handle.remove()
             self._post_handle = None
         self.forward.remove()
+        if self._fsdp1 is not None:
+            self._fsdp1.remove()
+            self._fsdp1 = None
         self._patches.undo()
         self.loaders.detached()

@@ -20,7 +20,7 @@ import time
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import metrics, wrappers
+from . import metrics, sharded, wrappers
 from .checkpoint import FirstForward
 from .tracked import Tracked
 
@@ -143,17 +143,25 @@ class PreStep:
         opt = tracked.ref()
         override = self._settings.clip
         note = state.clip_notes.take(tracked)
+        tracked.params()  # up to date: whether they are shards
         if not measure:  # a closure's later evaluations (LBFGS): clip only
             if override is not None and note is None:
-                params, _, total = tracked.measure()
+                params, _, total = tracked.measure_full() if tracked.sharded else tracked.measure()
                 metrics.clip_with_norm(params, override, total)
             return
         t0 = _perf_counter()
         step = state.step + 1
         main = tracked.index == 0
         every = state.update_ratio_every
+        tracked.local = False
         if note is not None and note[1] is not None:
             params, per_tensor, total, tracked.clip_max = note
+        elif note is not None and step % self._budget.every:
+            # The script's total without per-parameter norms (clip_grads_with_norm_, FSDP1's
+            # clip): kept every step; the per-parameter norms only on the steps sampled.
+            params, per_tensor, (total, tracked.clip_max) = None, None, note[2:]
+            if every and step % every == 0:
+                state.ratio_owed = True
         elif note is None and override is None and step % self._budget.every:
             # A step the budget does not sample (budget.py): no norms, and on CPU only the
             # loss is checked before the update; the gradients are checked on sampled steps.
@@ -163,6 +171,12 @@ class PreStep:
             if tracked.closure_losses is None and not _finite_on_cpu(state.losses):
                 state.unmetered(self._anomalies.before_update, opt, step, None, [])
             return
+        elif note is None and override is not None and tracked.sharded:
+            # A live clip of shards: the whole model's total, a collective that every rank
+            # makes here, at every step from the one the clip was applied at (sharded.py).
+            params, per_tensor, total = tracked.measure_full()
+            metrics.clip_with_norm(params, override, total)
+            tracked.clip_max = override
         else:
             params, per_tensor, total = tracked.measure()
             if note is not None:  # clip_grads_with_norm_: the script's total stays the pre-clip norm
@@ -170,10 +184,19 @@ class PreStep:
             elif override is not None:
                 metrics.clip_with_norm(params, override, total)
                 tracked.clip_max = override
+            else:
+                # Of shards, this total is the local shards' (grad/norm_local), and a rank's
+                # non-finite shard is left to the loss: one rank alone must not pause.
+                tracked.local = bool(tracked.sharded)
         tracked.norms = (per_tensor, total, params)
         if main and self._doctor.watching:
-            self._doctor.on_pre_step(opt, step, params)
-        if total.is_cpu:
+            self._doctor.on_pre_step(opt, step, params if params is not None else tracked.with_grad())
+        if tracked.local:
+            if tracked.closure_losses is None and not _finite_on_cpu(state.losses):
+                state.extra += _perf_counter() - t0
+                state.unmetered(self._anomalies.before_update, opt, step, None, [])
+                return
+        elif total.is_cpu:
             # On CPU reading two scalars waits for nothing, so a non-finite gradient is caught
             # before the update. On CUDA it would be a sync per step: the flusher reports it
             # there instead, a flush later.
@@ -184,7 +207,7 @@ class PreStep:
                     return
         if main and every and (step % every == 0 or state.ratio_owed) and params:
             state.ratio_owed = False
-            state.before_params = params
+            state.before_params = params = sharded.local(params) if tracked.sharded else params
             state.before = metrics.snapshot(params)
         state.extra += _perf_counter() - t0
 

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .metrics import fold
+from .sharded import host_readable, is_dtensor
 from .shared import names
 from .shared.names import STEP_S
 from .shared.numbers import finite_or_none
@@ -67,7 +68,8 @@ class StepRecord(NamedTuple):
     update_ratios: Any
     """Per-parameter |w_after - w_before| / |w_before| on sampled steps, or None."""
     user: dict | None
-    """Values ``ptdash.log`` gave since the previous step, or None."""
+    """Values by series name: those ``ptdash.log`` gave since the previous step, and the
+    step's own that have no field (a sharded model's ``grad/norm_local``); or None."""
     opt: int = 0
     """Which optimizer stepped: 0 the main one, k the k-th other (its series are opt<k>/...)."""
     own: float = 0.0
@@ -105,6 +107,8 @@ class Recorder:
     def __init__(self, observe=None) -> None:
         self._observe = observe
         """Shown every drained record (budget.Budget.observe), on the flusher thread."""
+        self.dropped: str | None = None
+        """What the first flush that dropped unreadable records said, for the run's events."""
         self._pending: collections.deque[tuple] = collections.deque()
         self.add = self._pending.append
         """Called on the training thread with a StepRecord: a deque's own append, so it
@@ -157,6 +161,8 @@ class Recorder:
         if dropped:
             log.error("dropped %d of %d step records the flush could not read (%s); kept the others",
                       len(dropped), len(records), dropped[0])
+            if self.dropped is None:  # said once in the run's events (flusher.py), every time in engine.log
+                self.dropped = f"dropped {len(dropped)} step record(s) the flush could not read ({dropped[0]})"
         return good
 
     def _convert(self, records: list, wanted: set | frozenset) -> tuple[list[list], list["LayerRow"]]:
@@ -318,6 +324,8 @@ def _to_host(tensors: list[torch.Tensor], flat: bool = True) -> list:
         return []
     out: list = [None] * len(tensors)
     by_device: dict[torch.device, list[int]] = collections.defaultdict(list)
+    if any(map(is_dtensor, tensors)):  # no collective on the flusher: what is local, else NaN
+        tensors = [host_readable(t) for t in tensors]
     for index, t in enumerate(tensors):
         by_device[t.device].append(index)
     for device, indices in by_device.items():

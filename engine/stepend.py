@@ -21,6 +21,7 @@ import torch
 from . import metrics
 from .discovery import find_models
 from .recorder import RECORD_FIELDS, RecordShapeError, StepRecord
+from .shared import names
 from .tracked import HANDOVER_STEPS
 
 _LR = operator.itemgetter("lr")
@@ -149,20 +150,23 @@ class StepEnd:
             lrs = _held(lrs)
         per_tensor, total, params = tracked.norms if tracked.norms is not None else (None, None, None)
         clip_max, tracked.norms, tracked.clip_max = tracked.clip_max, None, None
+        local = None
+        if tracked.local:  # the local shards' total is not the total (sharded.py)
+            local, total, tracked.local = {names.of_optimizer(tracked.index, names.GRAD_NORM_LOCAL): total}, None, False
         if tracked.index:
             record = _record((state.step, time.time(), losses, total, None, None, clip_max, lrs, None,
-                              0, None, None, tracked.index, 0.0, 0.0))
+                              0, None, local, tracked.index, 0.0, 0.0))
             if len(record) != RECORD_FIELDS:
                 raise RecordShapeError(record, RECORD_FIELDS)
             self._recorder.add(record)
             tracked.stepped_alone(state.step)
             state.own += _perf_counter() - now
             return
-        self.end_step(opt, losses, total, per_tensor, params, clip_max, lrs, now)
+        self.end_step(opt, losses, total, per_tensor, params, clip_max, lrs, now, local)
 
-    def end_step(self, opt, losses, total, per_tensor, params, clip_max, lrs, now: float) -> None:
+    def end_step(self, opt, losses, total, per_tensor, params, clip_max, lrs, now: float, named=None) -> None:
         """Record the main step that just ended (``opt`` None: an inferred one) and get ready
-        for the next."""
+        for the next; ``named``: values of the step's own by series name (a local norm)."""
         state = self._state
         step = state.step + 1
         ratios = None
@@ -176,11 +180,13 @@ class StepEnd:
         if not self._found and not self._discovery.models:
             # Before the record: its layers are named after the models found here.
             self._discovery.set_models(find_models([opt]) if opt is not None else self._manual.models())
+        user = self._user_values.take() if self._user_values.pending else None
+        if named:
+            user = {**user, **named} if user else named
         t_record = _perf_counter()
         record = _record((
             step, time.time(), losses, total, per_tensor, params if per_tensor is not None else None, clip_max, lrs,
-            (start, state.t_forward, state.t_pre, now, waits, state.inner), state.samples, ratios,
-            self._user_values.take() if self._user_values.pending else None, 0,
+            (start, state.t_forward, state.t_pre, now, waits, state.inner), state.samples, ratios, user, 0,
             state.own + t_record - now, state.extra))
         if len(record) != RECORD_FIELDS:
             raise RecordShapeError(record, RECORD_FIELDS)

@@ -10,7 +10,7 @@ import weakref
 
 import torch
 
-from . import metrics
+from . import metrics, sharded
 from .discovery import find_models, model_names
 from .shared import events, names
 
@@ -37,8 +37,13 @@ class Tracked:
         self._fused: bool | None = None
         """Whether its gradients take the fused norm path (one device, one dtype, foreach
         support); decided once per parameter list."""
+        self.sharded: bool | None = None
+        """Whether its parameters are shards (FSDP, sharded.py): their norms are the local
+        shards' unless reduced across ranks; decided once per parameter list."""
         self.norms: tuple | None = None
         """(per-parameter norms, total norm, parameters) of this step, before its update."""
+        self.local = False
+        """Whether this step's total in ``norms`` is of this rank's shards only (``grad/norm_local``)."""
         self.clip_max: float | None = None
         """The clipping norm this step's gradients were clipped at, or None."""
         self.closure_losses: int | None = None
@@ -64,6 +69,7 @@ class Tracked:
             self._params = [p for g in opt.param_groups for p in g["params"]]
             self._ids = frozenset(map(id, self._params))
             self._fused = None
+            self.sharded = sharded.is_sharded(self._params)
         return self._params
 
     def owns(self, params: list[torch.Tensor]) -> bool:
@@ -71,11 +77,18 @@ class Tracked:
         self.params()
         return bool(params) and id(params[0]) in self._ids
 
+    def with_grad(self) -> list[torch.Tensor]:
+        """The parameters that have a gradient."""
+        return [p for p in self.params() if p.grad is not None]
+
     def measure(self) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         """The parameters with a gradient, their per-parameter norms and the total norm."""
         params = self.params()
         # map and filter in C: no Python frame per parameter.
         grads = list(filter(_IS_SET, map(_GRAD, params)))
+        if self.sharded:  # the local shards' norms: no collective (sharded.py)
+            with_grad = params if len(grads) == len(params) else [p for p in params if p.grad is not None]
+            return (with_grad, *metrics.grad_norms(sharded.local(grads)))
         if len(grads) != len(params):
             return ([p for p in params if p.grad is not None], *metrics.grad_norms(grads))
         if self._fused is None and grads:
@@ -83,6 +96,19 @@ class Tracked:
         if self._fused:  # grad_norms's own fast path, without its per-step checks
             return (params, *metrics.fused_norms(grads))
         return (params, *metrics.grad_norms(grads))
+
+    def measure_full(self) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Of sharded parameters: the local shards' per-parameter norms and the whole model's
+        total, reduced across ranks (a collective: only where every rank measures at the same
+        step, under a live clip). DTensors reduce as ``clip_grad_norm_`` reduces them; FSDP1's
+        flattened shards by an all-reduce of the squared local total over the default group."""
+        params = [p for p in self.params() if p.grad is not None]
+        grads = [p.grad for p in params]
+        if grads and sharded.is_dtensor(grads[0]):
+            per_tensor, total = metrics.grad_norms(grads)
+            return params, sharded.local([per_tensor])[0], sharded.full_total(total)
+        per_tensor, total = metrics.grad_norms(grads)
+        return params, per_tensor, sharded.all_reduced_norm(total)
 
     def scale_lr(self, scale: float) -> None:
         for group in self.ref().param_groups:
@@ -133,6 +159,11 @@ class Optimizers:
                 tracked = Tracked(opt, 1 + sum(t.index > 0 for t in self.by_id.values()))
                 self._journal_new(tracked.index, opt)
             self.by_id[id(opt)] = tracked
+            if tracked.params() and tracked.sharded and self._journal.rank == 0:
+                self._journal.event("run", f"the parameters of optimizer {tracked.index} are shards (FSDP): its total "
+                                    "gradient norm is the script's clip's (reduced across ranks); without one, each "
+                                    "rank records its shards' norm (grad/norm_local), and per-layer norms are rank "
+                                    "0's shards'")
         elif tracked.index and tracked.stepped_at == self._state.step and tracked.alone >= HANDOVER_STEPS - 1:
             self.hand_over(tracked)
         return tracked

@@ -4,7 +4,7 @@
   optimizer, the inferred step boundary and the step's norms (manual.py);
 - ``GradScaler.scale``: the unscaled loss of a scaled one, found again at its backward;
 - ``Optimizer.zero_grad``: what a step GradScaler skipped left behind is dropped;
-- ``clip_grad_norm_`` / ``clip_grads_with_norm_``: the main optimizer's clip is the
+- ``clip_grad_norm_`` / ``clip_grads_with_norm_`` / FSDP1's ``clip_grad_norm_`` method: the main optimizer's clip is the
   step's boundary (commands first, so a new clip value is the one this step uses); the
   live clip value overrides the script's, and the pre-clip norm is kept;
 - an ``optimizer.step(closure)``'s closure: timed, and clipped after each evaluation.
@@ -22,8 +22,9 @@ import weakref
 
 import torch
 
-from . import metrics
+from . import metrics, sharded
 from .invisible import own
+from .sharded import is_dtensor
 
 _perf_counter = time.perf_counter
 _isfinite = math.isfinite
@@ -171,12 +172,38 @@ def wrap_clip(hooks, original):
         if error_if_nonfinite:
             # Rare; keep torch's own error path exactly.
             total = original(params, effective, norm_type, error_if_nonfinite, foreach)
-            state.clip_notes.add(params, None, total, effective)
+            state.clip_notes.add(params, None, sharded.full_total(total), effective)
             return total
         with_grad = [p for p in params if p.grad is not None]
         per_tensor, total = metrics.grad_norms([p.grad for p in with_grad], norm_type, foreach)
         metrics.clip_with_norm(params, effective, total, foreach)
-        state.clip_notes.add(with_grad, per_tensor, total, effective)
+        if is_dtensor(total):
+            # Shards (FSDP2): the total is the whole model's, reduced as torch's own clip
+            # reduces it (here, where every rank is); the per-parameter norms are the
+            # local shards' (sharded.py). The script gets torch's DTensor.
+            state.clip_notes.add(with_grad, sharded.local([per_tensor])[0], sharded.full_total(total), effective)
+        else:
+            state.clip_notes.add(with_grad, per_tensor, total, effective)
+        return total
+
+    clip_grad_norm_.__wrapped__ = original
+    return clip_grad_norm_
+
+
+def wrap_fsdp_clip(hooks, original):
+    """``FullyShardedDataParallel.clip_grad_norm_`` (FSDP1's own, which reduces its shards'
+    norms across ranks) with the live clip override; its total is kept for the step."""
+    state, pre, optimizers, settings = hooks.state, hooks.pre, hooks.optimizers, hooks.settings
+
+    @own
+    def clip_grad_norm_(module, max_norm, norm_type=2.0):
+        first = next(iter(module.parameters()), None)
+        params = [first] if first is not None else []  # whose optimizer it is: the first tells
+        _at_clip(state, pre, optimizers, params)
+        override = settings.clip
+        effective = float(max_norm) if override is None else override
+        total = original(module, effective, norm_type)
+        state.clip_notes.add(params, None, total, effective)
         return total
 
     clip_grad_norm_.__wrapped__ = original

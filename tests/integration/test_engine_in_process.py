@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -740,3 +742,34 @@ def test_an_actor_critic_that_clips_both_then_steps_three_optimizers_keeps_both_
         assert store.series("grad/norm_total") == (every_step, pytest.approx(totals[0]))
         assert store.series("opt1/grad/norm_total") == (every_step, pytest.approx(totals[1]))
         assert len(store.series("opt2/grad/norm_total")[0]) < len(every_step) / 2  # unclipped: sampled
+
+
+def test_records_a_flush_cannot_read_are_one_warning_event_and_nothing_in_the_scripts_output(tmp_path, capfd):
+    # Each flush that drops records logs it in engine.log; the run's events say it once, and
+    # the script's stderr (its output.log under ptdash) never sees it.
+    from ptdash.enginelog import setup_logging
+    from ptdash.recorder import StepRecord
+
+    run_dir = rundir.create(tmp_path, "dropped")
+    logger = logging.getLogger("ptdash")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    setup_logging(run_dir)
+    engine = Engine(run_dir, RunConfig())
+    engine.start()
+    try:
+        for _ in range(2):
+            _train(3)
+            engine.recorder.add(tuple.__new__(StepRecord, (*range(16),)))  # a field too many
+            assert engine.flusher.flush_now(timeout=60)
+    finally:
+        engine.finish("finished", 0)
+        for handler in logger.handlers[len(handlers):]:  # this process's logging as it was
+            logger.removeHandler(handler)
+            handler.close()
+        logger.propagate = propagate
+    with StoreReader(run_dir / "metrics.db") as store:
+        assert store.series("loss")[0] == list(range(1, 7))  # every readable step kept
+        said = [e for e in store.events() if "could not read" in e.message]
+    assert len(said) == 1 and said[0].kind == "warning"
+    assert (run_dir / "engine.log").read_text().count("could not read") == 2
+    assert "could not read" not in capfd.readouterr().err
