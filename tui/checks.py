@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickletools
+import subprocess
 import sys
 import zipfile
 from importlib.machinery import BuiltinImporter, FrozenImporter, ModuleSpec, PathFinder
@@ -96,8 +97,9 @@ def _find_top(name: str) -> ModuleSpec | None:
     return None
 
 
-def checkpoint(path: Path) -> None:
-    """Refuse a ``--resume`` file that is missing, unreadable, damaged or not ptdash's."""
+def checkpoint(path: Path) -> int | None:
+    """Refuse a ``--resume`` file that is missing, unreadable, damaged or not ptdash's; the
+    step it was saved at (None if the file does not say where it is expected)."""
     if not path.exists():
         raise CliError(f"checkpoint {path} does not exist", 2)
     if not path.is_file():
@@ -117,10 +119,37 @@ def checkpoint(path: Path) -> None:
             raise CliError(f"{path} is not a ptdash checkpoint: a zip archive, but not PyTorch's", 2)
         try:
             data = archive.read(pickles[0])  # checks its CRC
-            strings = [arg for op, arg, _ in pickletools.genops(data) if isinstance(arg, str)
-                       and "UNICODE" in op.name]
+            ops = [(op.name, arg) for op, arg, _ in pickletools.genops(data)]
         except Exception as exc:  # noqa: BLE001 - zipfile and pickletools raise many kinds
             raise CliError(f"checkpoint {path} is unreadable: damaged ({str(exc)[:80]})", 2) from None
+    strings = [arg for name, arg in ops if isinstance(arg, str) and "UNICODE" in name]
     # ptdash's dict starts with its own "ptdash" entry (checkpoint.build) and names the step.
     if not strings or strings[0] != "ptdash" or "step" not in strings:
         raise CliError(f"{path} is not a ptdash checkpoint (a PyTorch file without ptdash's state)", 2)
+    return _saved_step(ops)
+
+
+INT_OPS = frozenset({"INT", "LONG", "BININT", "BININT1", "BININT2", "LONG1", "LONG4"})
+"""The pickle opcodes that push an int (a memo index, BINPUT's, is not one)."""
+
+
+def _saved_step(ops: list[tuple[str, object]]) -> int | None:
+    """The step a ptdash checkpoint was saved at: the int after its first "step" key, which
+    is ptdash's own entry's (the optimizers' states come later)."""
+    found = False
+    for name, arg in ops:
+        if found and name in INT_OPS and isinstance(arg, int):
+            return arg
+        found = found or (arg == "step" and "UNICODE" in name)
+    return None
+
+
+def git_commit(target: list[str]) -> str | None:
+    """The commit of the script's repository (recorded in run.json), or None outside one."""
+    where = Path(target[0]).resolve().parent if target and target[0] != "-m" else Path.cwd()
+    try:
+        out = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=2)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None

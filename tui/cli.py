@@ -6,6 +6,7 @@ ptdash [options] -m module [args...]      run a module
 ptdash demo [demo args...]                the built-in demo
 ptdash attach [RUN]  /  show RUN [RUN...]  re-attach, browse (several runs side by side)
 ptdash ls [--all]                         list runs
+ptdash fork RUN [--at STEP] [options]     a new run from one of RUN's checkpoints
 ptdash ctl [RUN] COMMAND [VALUE]          steer a run from another terminal
 ptdash doctor [RUN]                       what the training doctor found
 ptdash stacks [RUN]                       where every rank is now (Python stacks)
@@ -50,7 +51,7 @@ from .options import (
     steps_arg,
 )
 
-SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor", "export", "stacks")
+SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor", "export", "stacks", "fork")
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -178,7 +179,7 @@ def launch(args: argparse.Namespace, target: list[str], name: str,
     except ValueError as exc:
         raise CliError(f"--share-group: {exc}", 2) from None
     fields = dict(argv=target, cwd=os.getcwd(), python=sys.executable, config=config, group=group,
-                  git=_git_commit(target), ptdash_version=__version__, total_steps=args.steps)
+                  git=checks.git_commit(target), ptdash_version=__version__, total_steps=args.steps, **args.lineage)
     nodes = getattr(args, "nodes", None)
     if args.run_dir and (nodes is None or nodes.hub):  # another node's dir goes beside it (a shared home)
         checks.run_dir(args.run_dir)
@@ -230,25 +231,17 @@ def launch(args: argparse.Namespace, target: list[str], name: str,
     return run_dir, proc
 
 
-def _git_commit(target: list[str]) -> str | None:
-    where = Path(target[0]).resolve().parent if target and target[0] != "-m" else Path.cwd()
-    try:
-        out = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=2)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
 def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True, compare: tuple[Path, ...] = (),
               by_time: bool = False) -> int:
-    """Run the Textual app on a run (``compare``: runs drawn behind it); return the exit status."""
+    """Run the Textual app on a run (``compare``: runs drawn behind it, by default a fork's
+    parent); return the exit status."""
     from .app import make_app
     from .compare import Comparison
     from .source.live import LiveSource
     from .source.replay import ReplaySource
 
     source = LiveSource(run_dir) if live else ReplaySource(run_dir)
+    compare = compare or runs.parent_of(run_dir)
     result = make_app(source, comparison=Comparison(compare, by_time)).run()
     if result == "detach":
         print(f"Training continues in the background. Re-attach with: ptdash attach {run_dir}")
@@ -337,7 +330,7 @@ def _script_start(argv: list[str]) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    first = _first_positional(argv)
+    first, lineage = _first_positional(argv), {}
     if first is not None and argv[first] in SUBCOMMANDS and not Path(argv[first]).is_file():
         sub, rest = argv[first], argv[first + 1:]
         options = argv[:first]
@@ -362,6 +355,10 @@ def _main(argv: list[str]) -> int:
             return cmd_export(subcommands.parse("export", rest))
         if sub in ("attach", "show"):
             return cmd_open(sub, subcommands.parse(sub, rest))
+        if sub == "fork":  # a plain run of the parent's script from its checkpoint, in its directory
+            from .fork import prepare
+
+            argv, lineage = prepare(rest, _run_parser())
         if sub == "demo":
             from importlib.util import find_spec
 
@@ -374,7 +371,7 @@ def _main(argv: list[str]) -> int:
                 else [*options, demo.origin, *rest]
     start = _script_start(argv)
     args = _run_parser().parse_args(argv[:start])
-    args.target = argv[start:]
+    args.target, args.lineage = argv[start:], lineage
     target, name = _check_target(args.target, args.module)
     args.nodes = nodeopts.resolve(args, os.environ)
     if args.nodes is not None and not args.nodes.hub:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+from pathlib import Path
 
 from . import runs
 
@@ -28,6 +29,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         step = "" if r.step is None else f"{r.step:,}"
         host = r.info.host
         where = f"{r.path}" + (f" (on {host})" if host and host != socket.gethostname() else "")
+        if r.info.parent:
+            where += f" (fork of {Path(r.info.parent).name} at step {r.info.fork_step})"
         print(f"{r.path.name[:40]:<40} {r.state:<9} {step:>9} {runs.age(r.started):>5}  {where}")
     return 0
 
@@ -36,4 +39,5 @@ def _as_json(r: runs.RunSummary) -> dict:
     info = r.info
     return {"name": info.name, "id": info.id, "run_dir": str(r.path), "state": r.state, "status": info.status,
             "step": r.step, "total_steps": info.total_steps, "started": r.started or None, "ended": info.ended,
-            "exit_code": info.exit_code, "host": info.host, "argv": info.argv, "cwd": info.cwd}
+            "exit_code": info.exit_code, "host": info.host, "argv": info.argv, "cwd": info.cwd,
+            "parent": info.parent, "fork_step": info.fork_step}

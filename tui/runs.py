@@ -140,6 +140,15 @@ def resolve(spec: str | None, live_only: bool = False, everywhere: bool = False)
     return runs[0]
 
 
+def parent_of(run_dir: Path) -> tuple[Path, ...]:
+    """The run ``run_dir`` was forked from (``ptdash fork``), while its dir is there; else ()."""
+    try:
+        parent = rundir.read_info(run_dir).parent
+    except (OSError, ValueError):
+        return ()
+    return (Path(parent),) if parent and (Path(parent) / rundir.RUN_JSON).is_file() else ()
+
+
 def age(seconds: float) -> str:
     """``42s``, ``5m``, ``3h``, ``2d``."""
     seconds = max(0.0, time.time() - seconds)

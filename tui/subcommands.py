@@ -123,6 +123,33 @@ def _stacks() -> Parser:
     return p
 
 
+def _fork() -> Parser:
+    p = _parser("fork", "Start a new run from one of RUN's checkpoints: RUN's script, arguments, working\n"
+                        "directory and options, with any option given here changed (--lr-scale, --clip, ...).\n"
+                        "The new run names its parent and the step it forked at (run.json, ls, show --once),\n"
+                        "continues from the step after it, and its dashboard draws the parent behind it.",
+                "Any option of a run (see ptdash --help) may follow RUN and replaces the parent's; the\n"
+                "live clip and LR factor come from the checkpoint unless --clip or --lr-scale is given.")
+    p.usage = "ptdash fork [-h] RUN [--at STEP | --from CKPT] [run options]"
+    p.add_argument("run", metavar="RUN", help=RUN_HELP + ": the parent")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--at", type=_step, metavar="STEP",
+                       help="fork at the checkpoint RUN saved at step STEP (default: its newest)")
+    where.add_argument("--from", dest="source", metavar="CKPT",
+                       help="fork from this checkpoint file (a path, or a file name in RUN's checkpoints/)")
+    return p
+
+
+def _step(text: str) -> int:
+    try:
+        step = int(text)
+    except ValueError:
+        step = -1
+    if step < 0:
+        raise argparse.ArgumentTypeError(f"a step is a whole number >= 0, got {text!r}")
+    return step
+
+
 def _export() -> Parser:
     p = _parser("export", "Write a run's history in a format other tools read. Streams the store in windows\n"
                           "of steps, so a run of millions of steps exports in bounded memory; progress on stderr.",
@@ -151,7 +178,7 @@ def _demo() -> Parser:
 
 
 PARSERS = {"ls": _ls, "show": _show, "attach": _attach, "doctor": _doctor, "ctl": _ctl, "export": _export,
-           "stacks": _stacks, "demo": _demo}
+           "stacks": _stacks, "demo": _demo, "fork": _fork}
 
 
 def parser(name: str) -> Parser:

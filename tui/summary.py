@@ -40,7 +40,8 @@ def summarize(run: RunSummary) -> dict:
            "step": run.step, "total_steps": info.total_steps, "started": info.started or info.created or None,
            "ended": info.ended, "duration_s": None, "steps_per_s": None, "loss": None, "lr": None,
            "grad_norm": None, "printed": [], "changes": [], "findings": [], "checkpoints": _checkpoints(run.path),
-           "cost": None, "damage": None}
+           "cost": None, "damage": None,
+           "parent": {"run_dir": info.parent, "id": info.parent_id, "step": info.fork_step} if info.parent else None}
     try:
         reader = RowReader(run.path / STORE_NAME)
     except StoreError as exc:
@@ -133,6 +134,8 @@ def render(s: dict) -> str:
     """The summary as plain text, one figure a line."""
     how = s["state"] + (f", {s['exit']}" if s["exit"] and s["state"] in ENDED else "")
     lines = [f"{s['name']}  ({how})", _row("run dir", s["run_dir"])]
+    if s.get("parent"):
+        lines.append(_row("forked from", f"{s['parent']['run_dir']} at step {s['parent']['step']:,}"))
     steps = "no step yet" if s["step"] is None else f"{s['step']:,}"
     if s["step"] is not None and s["total_steps"]:
         steps += f" of {s['total_steps']:,}"

@@ -214,6 +214,12 @@ class RunInfo:
     """Rank (as text) -> the host it runs on, once every rank reached the hub (DDP)."""
     lost_nodes: list | None = None
     """``[{"node", "host", "ranks"}]`` of the nodes lost during the run (several nodes)."""
+    parent: str | None = None
+    """The run dir of the run this one was forked from (``ptdash fork``), or None."""
+    parent_id: str | None = None
+    """That run's id."""
+    fork_step: int | None = None
+    """The parent's step this run was forked at: the step of the checkpoint it started from."""
 
     def __post_init__(self) -> None:
         if self.status not in STATES:
