@@ -61,7 +61,8 @@ def _run_parser() -> argparse.ArgumentParser:
         description="Run a PyTorch training script with a live terminal dashboard.",
         usage="ptdash [options] (script.py | -m module | demo) [args...]\n"
               "       ptdash attach [RUN] | show RUN [RUN...] | ls | doctor [RUN] | ctl [RUN] COMMAND [VALUE]\n"
-              "       ptdash export RUN --format csv|jsonl|tensorboard [-o PATH]",
+              "       ptdash export RUN --format csv|jsonl|tensorboard [-o PATH]\n"
+              "       ptdash fork RUN [--at STEP | --from CKPT] [options]",
         epilog="Each subcommand has --help (ptdash show --help). Keys in the dashboard: space pause/resume, "
                "c checkpoint, g clip norm, l LR factor, p profile, s stop, q quit, + - 0 zoom, , . cursor, "
                "e smoothing, y y scale auto/log/linear, ? help.")
