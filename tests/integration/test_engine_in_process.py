@@ -773,3 +773,66 @@ def test_records_a_flush_cannot_read_are_one_warning_event_and_nothing_in_the_sc
     assert len(said) == 1 and said[0].kind == "warning"
     assert (run_dir / "engine.log").read_text().count("could not read") == 2
     assert "could not read" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("shape", ["one-backward", "in-turn", "unclipped-first"])
+def test_sac_shapes_keep_every_clipped_total_at_the_sparsest_sampling(tmp_path, shape):
+    # Issue 34 (SAC with three optimizers): once per-layer norms are sampled one step in
+    # K_MAX, each clip's total must still be stored at every step, for whichever optimizer.
+    from ptdash.budget import K_MAX
+
+    run_dir, engine = _thinning_engine(tmp_path, f"sac-{shape}")
+    engine.budget.decide = lambda: None  # held at K_MAX from step 70 (below: set as the flusher would)
+    torch.manual_seed(0)
+    critic = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    actor = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    log_alpha = torch.zeros(1, requires_grad=True)
+    q_opt, pi_opt, a_opt = (torch.optim.Adam(critic.parameters(), 1e-3), torch.optim.Adam(actor.parameters(), 1e-3),
+                            torch.optim.Adam([log_alpha], 1e-3))
+    clip = torch.nn.utils.clip_grad_norm_
+    steps = 600
+    try:
+        for i in range(steps):
+            if i == 70:
+                engine.budget.every = K_MAX
+                for listener in engine.budget.on_change:
+                    listener()
+            s = torch.randn(32, 4)
+            if shape == "one-backward":
+                a = actor(s)
+                q = (critic(torch.cat([s, torch.randn(32, 2)], 1)) - 1).pow(2).mean()
+                pi = -critic(torch.cat([s, a], 1)).mean() + log_alpha.exp().detach() * a.pow(2).mean()
+                for opt in (q_opt, pi_opt, a_opt):
+                    opt.zero_grad()
+                (q + pi - log_alpha * (a.detach().pow(2).mean() - 1)).backward()
+                clip(critic.parameters(), 1.0)
+                clip(actor.parameters(), 1.0)
+                for opt in (q_opt, pi_opt, a_opt):
+                    opt.step()
+                continue
+            if shape == "unclipped-first":  # the temperature's optimizer steps first: the main one
+                a_opt.zero_grad()
+                (-(log_alpha * (actor(s).detach().pow(2).mean() - 1))).backward()
+                a_opt.step()
+            q_opt.zero_grad()
+            (critic(torch.cat([s, torch.randn(32, 2)], 1)) - 1).pow(2).mean().backward()
+            clip(critic.parameters(), 1.0)
+            q_opt.step()
+            a = actor(s)
+            pi_opt.zero_grad()
+            (-critic(torch.cat([s, a], 1)).mean() + log_alpha.exp().detach() * a.pow(2).mean()).backward()
+            clip(actor.parameters(), 1.0)
+            pi_opt.step()
+            if shape == "in-turn":
+                a_opt.zero_grad()
+                (-(log_alpha * (a.detach().pow(2).mean() - 1))).backward()
+                a_opt.step()
+    finally:
+        engine.finish("finished", 0)
+    clipped = {"one-backward": ("grad/norm_total", "opt1/grad/norm_total"),
+               "in-turn": ("grad/norm_total", "opt1/grad/norm_total"),
+               "unclipped-first": ("opt1/grad/norm_total", "opt2/grad/norm_total")}[shape]
+    every_step = list(range(1, steps + 1))
+    with StoreReader(run_dir / "metrics.db") as store:
+        for name in clipped:
+            assert store.series(name)[0] == every_step, name
