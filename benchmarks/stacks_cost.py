@@ -9,6 +9,11 @@ for over the real control socket once a second, as ``ptdash stacks`` does. The s
 the engine's own (each step's end wall time in the store, both ranks). Prints each round's
 median step time both ways, the ratio, and how long a request took to be answered.
 
+On a loaded machine that ratio is mostly the load's noise, so the script also measures the
+bound that does not depend on it: how long one take of this process's stacks holds the GIL
+(``StackTaker.take`` on another thread while a training loop runs here), which is the most
+a take can cost the training thread; at one take a second, that time in a second.
+
     OMP_NUM_THREADS=1 python benchmarks/stacks_cost.py [--rounds 6] [--seconds 6]
 """
 
@@ -41,6 +46,42 @@ def _walls(run_dir: Path, rank: int) -> tuple[list[int], list[float]]:
 def _step_times(walls: tuple[list[int], list[float]], t0: float, t1: float) -> list[float]:
     steps, ends = walls
     return [b - a for s0, s1, a, b in zip(steps, steps[1:], ends, ends[1:]) if s1 == s0 + 1 and t0 <= a and b <= t1]
+
+
+def take_seconds(takes: int = 50) -> list[float]:
+    """The CPU time of each ``StackTaker.take`` (the GIL held for it) while a small training loop runs
+    on another thread."""
+    import torch
+
+    from ptdash.stacks import StackTaker
+
+    stop = threading.Event()
+
+    def train() -> None:
+        model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(8)])
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(16, 32)
+        while not stop.is_set():
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+
+    trainer = threading.Thread(target=train, name="trainer")
+    trainer.start()
+    taker = StackTaker(lambda: 0, lambda: 0)
+    taker.training = trainer.ident
+    out = []
+    try:
+        time.sleep(0.5)
+        for _ in range(takes):
+            t0 = time.thread_time()  # its own CPU time: what it holds the GIL for, not its waits for it
+            taker.take()
+            out.append(time.thread_time() - t0)
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        trainer.join()
+    return out
 
 
 def main() -> int:
@@ -107,6 +148,11 @@ def main() -> int:
           f"(min {min(ratios):.3f}, max {max(ratios):.3f}) over {args.rounds} rounds")
     print(f"a stacks request of both ranks answered in {statistics.median(answers) * 1e3:.1f} ms median, "
           f"{max(answers) * 1e3:.1f} ms max ({len(answers)} requests)")
+    takes = take_seconds()
+    median = statistics.median(takes)
+    print(f"one take of a process's stacks (a training thread running), its CPU time: {median * 1e3:.2f} ms median, "
+          f"{max(takes) * 1e3:.2f} ms max ({len(takes)} takes): at one a second, at most {median / args.every:.3%} "
+          f"of the training thread's time")
     return 0
 
 

@@ -9,6 +9,7 @@ demand and in the stall event the engine stored (and ``ptdash doctor``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -18,6 +19,9 @@ import pytest
 
 from ptdash.shared import events
 from ptdash.shared.stacks import read
+from ptdash.tui.app import make_app
+from ptdash.tui.source.live import LiveSource
+from support.pilot import screen_text, until
 from support.runner import SCRIPTS, Run, ptdash, rank_pid, wait_for
 
 pytestmark = pytest.mark.slow
@@ -111,8 +115,24 @@ def test_two_gloo_ranks_one_stuck_named_on_demand_and_in_the_stall(tmp_path, han
         assert "ranks differ here:" in text.stdout and "▶" in text.stdout, text.stdout
         doctor = ptdash("doctor", str(run.run_dir), cwd=tmp_path, timeout=60)
         assert stuck in doctor.stdout.replace("\n        ", " "), doctor.stdout
+        if hang == "python":
+            asyncio.run(_k_in_the_dashboard(run))
     finally:
         run.close()
+
+
+async def _k_in_the_dashboard(run: Run) -> None:
+    """``k`` asks the live run: the Ranks tab shows the answer (not the stall's), both ranks side by side."""
+    app = make_app(LiveSource(run.run_dir), redraw_hz=10)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.source.can_control and app.state.world_size == 2, what="connected")
+        await until(pilot, lambda: app.state.stacks is not None, what="the stall's stacks from the history")
+        await pilot.press("k")
+        await until(pilot, lambda: "stacks asked for at" in screen_text(app), timeout=60, what="the answer drawn")
+        text = screen_text(app)
+        assert app.query_one("TabbedContent").active == "ranks"
+        assert "rank 1 was in `wait_for_lost_shard` (train.py:" in text and "ranks differ here:" in text, text
+        assert "▶ <module>  train.py:" in text
 
 
 def test_a_rank_that_cannot_answer_is_named_with_its_last_step_and_proc_state(tmp_path):
