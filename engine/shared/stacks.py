@@ -214,8 +214,8 @@ def summary(ranks: list[RankStacks], seconds: float | None = None) -> str:
             step = f" (last step {first.step})" if first.step is not None else ""
             parts.append(f"{_ranks(numbers)}: {words}{step}")
         elif kind in WAITING:
-            parts.append(f"{_ranks(numbers)} waited in {spot or words}" + (f" ({words})" if kind == "collective"
-                                                                             and spot else ""))
+            said = f" ({words})" if kind in ("collective", "ptdash") and spot else ""
+            parts.append(f"{_ranks(numbers)} waited in {spot or words}{said}")
         else:
             parts.append(f"{_ranks(numbers)} {'was' if len(numbers) == 1 else 'were'} in {spot}{lasting}"
                          + ("" if kind == "python" else f", {words}"))

@@ -146,3 +146,15 @@ def test_proc_state_of_this_process():
     state, _ = process_state(os.getpid())
     assert state in ("R (running)", "S (sleeping)")
     assert process_state(2 ** 22 + 12345) == ("", "")
+
+
+def test_a_rank_held_at_ptdash_s_step_boundary_waits_and_says_so():
+    boundary = [Frame(file="/home/u/train.py", line=20, func="step", code="opt.step()", own=True),
+                Frame(file=SITE + "torch/optim/optimizer.py", line=500, func="wrapper", lib="torch"),
+                Frame(file="/src/ptdash/engine/controls.py", line=200, func="_apply_inbox", lib="ptdash"),
+                Frame(file="/src/ptdash/engine/distributed.py", line=180, func="exchange", lib="ptdash"),
+                Frame(file="/x/threading.py", line=320, func="wait", lib="threading")]
+    ranks = [_rank(0, *boundary), _rank(1, *SPIN)]
+    assert doing(ranks[0])[0] == "ptdash" and culprits(ranks) == [1]
+    assert summary(ranks) == ("rank 1 was in `wait_for_lost_shard` (train.py:12); rank 0 waited in `opt.step()` "
+                              "(train.py:20) (at ptdash's step boundary, waiting for the other ranks)")
