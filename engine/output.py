@@ -34,13 +34,19 @@ ENV = "PTDASH_OUTPUT_RELAY"
 class OutputRelay:
     """Copies the script's output from a pipe to output.log; see the module docstring."""
 
-    def __init__(self, run_dir, link=None) -> None:
+    def __init__(self, run_dir, link=None, to_file: bool = False) -> None:
         self.run_dir = run_dir
         self.link = link
         self.unwritten = 0
         """Bytes of output that output.log could not take."""
-        self._log = os.dup(1)
+        # A rank ptdash did not start (``for_rank``) writes to output.log itself: its fds 1
+        # and 2 are the hub's pipe, whose relay would read its output as the hub's own.
+        self._log = os.open(os.path.join(run_dir, "output.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) \
+            if to_file else os.dup(1)
         os.set_inheritable(self._log, False)
+        self._restore = os.dup(1) if to_file else self._log
+        """What fds 1 and 2 are again when the relay closes."""
+        os.set_inheritable(self._restore, False)
         read, write = os.pipe()
         self._read = read
         os.dup2(write, 1)
@@ -64,6 +70,16 @@ class OutputRelay:
             return cls(run_dir, link)
         except OSError:
             log.exception("cannot relay the script's output; it goes to output.log directly")
+            return None
+
+    @classmethod
+    def for_rank(cls, run_dir) -> OutputRelay | None:
+        """A rank that ptdash did not start (rankstart.py) relays its own output, read for
+        its metrics at its own steps; straight to output.log, never through the hub's pipe."""
+        try:
+            return cls(run_dir, to_file=True)
+        except OSError:
+            log.exception("cannot relay this rank's output; its printed metrics are not read")
             return None
 
     def _loop(self) -> None:
@@ -122,8 +138,8 @@ class OutputRelay:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os.dup2(self._log, 1)
-        os.dup2(self._log, 2)
+        os.dup2(self._restore, 1)
+        os.dup2(self._restore, 2)
         # Copy what was written before now. End-of-file would wait for every writer, and a
         # process the script left running (persistent DataLoader workers) may hold the
         # pipe: the thread goes on copying what such a process writes later.

@@ -86,14 +86,23 @@ def start_rank() -> None:
         die_with_parent(int(parent))
     engine = engine_module.Engine(run_dir, rundir.read_info(run_dir).config, hub=False)
     engine.start()
+    relay = None
+    if engine.printed is not None and "PTDASH_NNODES" not in os.environ:
+        # Its printed metrics at its own steps (on another node its output goes to the hub's
+        # node by the launcher's pipe, noderelay.py, not read here).
+        from .output import OutputRelay
+
+        relay = OutputRelay.for_rank(run_dir)
+        if relay is not None:
+            relay.printed = engine.printed
     _watch_uncaught(engine)
     log.info("rank %d of %d (pid %d) reports to the hub", *found, os.getpid())
     # At exit: atexit for an interpreter of its own; a multiprocessing child (forked ones
     # leave through os._exit, past atexit) runs its finalizers instead. Whichever comes first.
-    atexit.register(_finish, engine)
+    atexit.register(_finish, engine, relay)
     from multiprocessing import util
 
-    util.Finalize(engine, _finish, args=(engine,), exitpriority=100)
+    util.Finalize(engine, _finish, args=(engine, relay), exitpriority=100)
 
 
 def _watch_uncaught(engine) -> None:
@@ -119,7 +128,9 @@ def _leaving_with(exc: BaseException | None) -> BaseException | None:
     return exc if isinstance(exc, Exception) else None
 
 
-def _finish(engine) -> None:
+def _finish(engine, relay=None) -> None:
+    """The rank's end (once): its output relay closed (its output so far to output.log, its
+    metrics to the last flush), then its engine finished as the script ended."""
     from .controls import StopTraining
 
     if getattr(engine, "_finished_at_exit", False):
@@ -127,6 +138,8 @@ def _finish(engine) -> None:
     engine._finished_at_exit = True
     uncaught = getattr(engine, "uncaught", None) or _leaving_with(sys.exc_info()[1])
     stopped = engine.journal.state == "stopping" or isinstance(uncaught, StopTraining)
+    if relay is not None:
+        relay.close()
     try:
         if stopped:
             engine.finish("stopped", 0)

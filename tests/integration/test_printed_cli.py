@@ -6,6 +6,8 @@ import asyncio
 import json
 import re
 
+import pytest
+
 from ptdash.shared import names
 from ptdash.shared.reader import StoreReader
 from ptdash.tui.app import make_app
@@ -102,3 +104,21 @@ def test_the_demos_val_loss_is_charted(tmp_path):
             assert f"val_loss {fmt_num(float(printed[-1][1]), 4)}" in legend and "  loss " in legend, legend
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["nproc-per-node", "mp.spawn"])
+def test_under_ddp_each_ranks_printed_metrics_are_its_own_at_its_steps(tmp_path, how):
+    launch = ["--nproc-per-node", "2", str(SCRIPTS / "ddp_printed.py")] if how == "nproc-per-node" else \
+        [str(SCRIPTS / "ddp_printed.py"), "--spawn"]
+    result = ptdash("--headless", "--run-dir", "run", *launch, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with StoreReader(tmp_path / "run" / "metrics.db") as store:
+        for rank in (0, 1):
+            assert store.series(names.printed("val_loss"), rank=rank) == \
+                ([5, 10, 15, 20], [rank + step / 100 for step in (5, 10, 15, 20)]), rank
+        found = sorted((e.rank, e.step) for e in store.events(kind="printed"))
+    assert found == [(0, 5), (1, 5)]  # each rank's first value, said once
+    lines = (tmp_path / "run" / "output.log").read_text().splitlines()
+    assert sorted(line for line in lines if line.startswith("rank ")) == sorted(
+        f"rank {r} | val_loss={r + s / 100}" for r in (0, 1) for s in (5, 10, 15, 20))

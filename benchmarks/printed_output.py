@@ -1,0 +1,172 @@
+"""A script that prints a lot: its training throughput under ptdash against plain python.
+
+The workload is a small MLP whose every step prints what chatty scripts print: a tqdm-like
+bar redrawn with a carriage return (its postfix holds the loss and an accuracy), a log line
+with the loss, and lines of a per-layer dump (numbers, no metric), with a dict of
+validation metrics every 100 steps; ``--mb`` megabytes in all (200 by default). Each
+variant runs as its own process, one after the other, in an order that turns each round
+(interleaved in this one run of the benchmark, so the machine's load falls on all alike):
+
+- ``plain``: ``python script.py > out.log`` (stdout and stderr on a file);
+- ``ptdash``: ``ptdash --headless script.py`` (output through the relay's pipe, read for
+  metrics: engine/printed.py; the headless front copying output.log to /dev/null);
+- ``no-parse``: the same with ``--no-parse-output``, which tells the parser's own share.
+
+The script times its own loop (steps/s from its first to its last step, without the start
+of the interpreter), so a ratio is throughput against plain: 1.00 is no cost, 0.95 is 5%
+slower. It also checks what ptdash stored: every validation value, at its step.
+
+    OMP_NUM_THREADS=1 python benchmarks/printed_output.py [--mb 200] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCRIPT = r'''
+import json, sys, time
+import torch
+
+target, result = int(sys.argv[1]), sys.argv[2]
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)])
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x, y = torch.randn(16, 32), torch.randn(16, 32)
+dump = "".join(f"layer {i} weight mean {0.001 * i:.4f} std {0.98:.3f} shape [32, 32] grads ok\n" for i in range(96))
+written, step, start, steps, val = 0, 0, None, 0, {}
+while written < target:
+    step += 1
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    if start is None:
+        start = time.perf_counter()
+    value = 1.0 / step
+    bar = f"\r{step % 100:3d}%|#####     | {step % 100}/100 [00:01<00:02, 310.5it/s, loss={value:.4f}, acc=0.91]"
+    line = f"step {step} | loss {value:.4f} | acc 0.91 | 0.5 ms/step\n"
+    sys.stderr.write(bar)
+    sys.stdout.write(line + dump)
+    written += len(bar) + len(line) + len(dump)
+    if step % 100 == 0:
+        val[step] = 2.0 + step / 1e6  # one value a step: each found at the step it was stored
+        sys.stderr.write("\n")
+        print({"eval_loss": val[step], "eval_accuracy": 0.9, "epoch": step / 100}, flush=True)
+        written += 60
+    steps += 1
+sys.stdout.flush()
+sys.stderr.flush()
+seconds = time.perf_counter() - start
+with open(result, "w") as f:
+    json.dump({"steps": steps, "seconds": seconds, "bytes": written, "val": val}, f)
+'''
+
+
+def run(variant: str, mb: float, work: Path, env: dict) -> dict:
+    """One run of the workload; its own figures (steps, seconds, bytes) and what was stored."""
+    script, result = work / "chatty.py", work / f"result-{variant}.json"
+    script.write_text(SCRIPT)
+    target = str(int(mb * 1e6))
+    run_dir = work / f"run-{variant}"
+    if variant == "plain":
+        with open(work / "plain.log", "wb") as out:
+            proc = subprocess.run([sys.executable, str(script), target, str(result)], stdout=out,
+                                  stderr=subprocess.STDOUT, env=env, cwd=work, timeout=3600)
+    else:
+        options = ["--no-parse-output"] if variant == "no-parse" else []
+        proc = subprocess.run([sys.executable, "-m", "ptdash.tui.cli", "--headless", "--run-dir", str(run_dir),
+                               *options, str(script), target, str(result)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, env=env, cwd=work, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"{variant} failed with exit code {proc.returncode}: {(proc.stderr or b'')[-2000:]!r}")
+    figures = json.loads(result.read_text())
+    figures["stored"] = _stored(run_dir) if variant == "ptdash" else None
+    if run_dir.exists():
+        figures["output_bytes"] = (run_dir / "output.log").stat().st_size
+    (work / "plain.log").unlink(missing_ok=True)
+    for path in run_dir.glob("output.log"):
+        path.unlink()
+    return figures
+
+
+def _stored(run_dir: Path) -> dict:
+    from ptdash.shared import names
+    from ptdash.shared.reader import StoreReader
+
+    with StoreReader(run_dir / "metrics.db") as reader:
+        steps, values = reader.series(names.printed("eval_loss"))
+        return {"eval_loss": dict(zip(steps, values)),
+                "printed": sorted(n for n in reader.names() if names.parse_printed(n))}
+
+
+def _lags(printed: dict[int, float], stored: dict[int, float]) -> list[int]:
+    """For each value printed at a step, how many steps later it was stored (the relay reads
+    a chunk at the step in progress: under a flood of output it runs behind the script)."""
+    by_value = {v: s for s, v in sorted(stored.items(), reverse=True)}
+    lags = []
+    for step, value in sorted(printed.items()):
+        at = by_value.get(value)
+        if at is None or at < step:
+            raise SystemExit(f"the value printed at step {step} ({value}) was not stored at or after it")
+        lags.append(at - step)
+    return lags
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=200.0, help="megabytes the script prints in each run")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONWARNINGS": "ignore",
+           "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="ptd-bench-")}
+    variants = ["plain", "ptdash", "no-parse"]
+    rates: dict[str, list[float]] = {v: [] for v in variants}
+    load = [os.getloadavg()[0]]
+    print(f"a script printing {args.mb:g} MB a run, {args.rounds} rounds, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            order = variants[r % 3:] + variants[:r % 3]
+            for variant in order:
+                work = Path(tmp) / f"{r}-{variant}"
+                work.mkdir()
+                t0 = time.monotonic()
+                f = run(variant, args.mb, work, env)
+                rate = f["steps"] / f["seconds"]
+                rates[variant].append(rate)
+                note = ""
+                if f["stored"] is not None:
+                    lags = _lags({int(k): v for k, v in f["val"].items()}, f["stored"]["eval_loss"])
+                    note = (f"; all {len(lags)} eval_loss values stored, {sum(1 for x in lags if not x)} at the "
+                            f"step printed, the others at most {max(lags)} steps later (read as the relay caught up)"
+                            f"; series {', '.join(f['stored']['printed'])}")
+                print(f"round {r + 1} {variant:>8}: {f['steps']:,} steps, {f['bytes'] / 1e6:.0f} MB printed, "
+                      f"{rate:,.0f} steps/s ({time.monotonic() - t0:.0f} s wall){note}", flush=True)
+                load.append(os.getloadavg()[0])
+                shutil_rmtree(work)
+    med = {v: statistics.median(rates[v]) for v in variants}
+    print(f"median steps/s: plain {med['plain']:,.0f}, ptdash {med['ptdash']:,.0f}, "
+          f"ptdash --no-parse-output {med['no-parse']:,.0f}")
+    print(f"throughput ptdash/plain {med['ptdash'] / med['plain']:.3f}; --no-parse-output/plain "
+          f"{med['no-parse'] / med['plain']:.3f}; the parser's share: ptdash/--no-parse-output "
+          f"{med['ptdash'] / med['no-parse']:.3f}")
+    pairs = [p / n for p, n in zip(rates["ptdash"], rates["no-parse"])]
+    print(f"per round ptdash/--no-parse-output: {', '.join(f'{x:.3f}' for x in pairs)}; "
+          f"load average {min(load):.1f}-{max(load):.1f}")
+
+
+def shutil_rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
