@@ -14,7 +14,10 @@ variant runs as its own process, one after the other, in an order that turns eac
 
 The script times its own loop (steps/s from its first to its last step, without the start
 of the interpreter), so a ratio is throughput against plain: 1.00 is no cost, 0.95 is 5%
-slower. It also checks what ptdash stored: every validation value, at its step.
+slower. It also checks what ptdash stored: every validation value, at the step it was
+printed or a few later (the relay reads a chunk at the step in progress). Last, the parser's
+own CPU time over the same bytes, in this process: what it takes from the relay's thread
+whatever the machine's load.
 
     OMP_NUM_THREADS=1 python benchmarks/printed_output.py [--mb 200] [--rounds 3]
 """
@@ -107,6 +110,39 @@ def _stored(run_dir: Path) -> dict:
                 "printed": sorted(n for n in reader.names() if names.parse_printed(n))}
 
 
+def parser_cpu(mb: float) -> tuple[float, int]:
+    """The parser's own CPU time (engine/printed.py) over the byte stream the workload prints,
+    fed in the relay's 64 KB reads, in this process: seconds, and the values it found."""
+    from ptdash.printed import PrintedMetrics
+
+    step = [0]
+    metrics = PrintedMetrics(lambda: step[0], lambda what, message: None)
+    dump = "".join(f"layer {i} weight mean {0.001 * i:.4f} std {0.98:.3f} shape [32, 32] grads ok\n"
+                   for i in range(96))
+    pending, written, spent = bytearray(), 0, 0.0
+    while written < mb * 1e6:
+        step[0] += 1
+        s, value = step[0], 1.0 / step[0]
+        text = (f"\r{s % 100:3d}%|#####     | {s % 100}/100 [00:01<00:02, 310.5it/s, loss={value:.4f}, acc=0.91]"
+                f"step {s} | loss {value:.4f} | acc 0.91 | 0.5 ms/step\n{dump}")
+        if s % 100 == 0:
+            text += "\n" + repr({"eval_loss": 2.0 + s / 1e6, "eval_accuracy": 0.9, "epoch": s / 100}) + "\n"
+        data = text.encode()
+        pending += data
+        written += len(data)
+        while len(pending) >= 1 << 16:
+            chunk = bytes(pending[:1 << 16])
+            del pending[:1 << 16]
+            t0 = time.thread_time()
+            metrics.feed(chunk)
+            spent += time.thread_time() - t0
+    t0 = time.thread_time()
+    metrics.feed(bytes(pending))
+    metrics.finish()
+    spent += time.thread_time() - t0
+    return spent, metrics.found
+
+
 def _lags(printed: dict[int, float], stored: dict[int, float]) -> list[int]:
     """For each value printed at a step, how many steps later it was stored (the relay reads
     a chunk at the step in progress: under a flood of output it runs behind the script)."""
@@ -129,6 +165,7 @@ def main() -> None:
            "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="ptd-bench-")}
     variants = ["plain", "ptdash", "no-parse"]
     rates: dict[str, list[float]] = {v: [] for v in variants}
+    counts: dict[str, list[int]] = {v: [] for v in variants}
     load = [os.getloadavg()[0]]
     print(f"a script printing {args.mb:g} MB a run, {args.rounds} rounds, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -141,6 +178,7 @@ def main() -> None:
                 f = run(variant, args.mb, work, env)
                 rate = f["steps"] / f["seconds"]
                 rates[variant].append(rate)
+                counts[variant].append(f["steps"])
                 note = ""
                 if f["stored"] is not None:
                     lags = _lags({int(k): v for k, v in f["val"].items()}, f["stored"]["eval_loss"])
@@ -160,6 +198,11 @@ def main() -> None:
     pairs = [p / n for p, n in zip(rates["ptdash"], rates["no-parse"])]
     print(f"per round ptdash/--no-parse-output: {', '.join(f'{x:.3f}' for x in pairs)}; "
           f"load average {min(load):.1f}-{max(load):.1f}")
+    spent, found = parser_cpu(args.mb)
+    loop = statistics.median(steps / rate for steps, rate in zip(counts["plain"], rates["plain"]))
+    print(f"the parser's own CPU over the same {args.mb:g} MB, in 64 KB reads: {spent:.2f} s ({found:,} values "
+          f"found), {spent / args.mb * 1e3:.1f} ms per MB: {100 * spent / loop:.1f}% of the plain run's "
+          f"{loop:.0f} s loop, on the relay's thread")
 
 
 def shutil_rmtree(path: Path) -> None:

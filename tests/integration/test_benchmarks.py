@@ -46,3 +46,14 @@ def test_the_stacks_cost_benchmark_runs():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "median ratio" in result.stdout and "a stacks request of both ranks answered in" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_printed_output_benchmark_runs():
+    """benchmarks/printed_output.py at 2 MB, one round (its figures are for 200 MB)."""
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "printed_output.py"
+    result = subprocess.run([sys.executable, str(bench), "--mb", "2", "--rounds", "1"], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "throughput ptdash/plain" in result.stdout and "eval_loss values stored" in result.stdout
+    assert "the parser's own CPU over the same 2 MB" in result.stdout

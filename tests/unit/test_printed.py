@@ -153,3 +153,15 @@ def test_merge_puts_each_value_in_its_steps_row_or_a_row_with_that_steps_wall_ti
     assert merged[3] == [12, 120.0, {"loss": 0.9, "printed/c": 3.0}]
     assert merged[0][1] > 1e9  # step 0 (before the first step) has no row anywhere: the time now
     assert merge(rows, [], earlier) is rows
+
+
+def test_a_chunk_of_many_lines_with_bars_among_them_reads_each_line_and_each_bars_final_state():
+    s = Stream()
+    plain = b"".join(b"layer %d weight mean 0.%d\n" % (i, i) for i in range(50))
+    bar = b"\r 50%|#  | 1/2 [00:01<00:01, 9.1it/s, top1=0.5]\r100%|## | 2/2 [00:02<00:00, 9.1it/s, top1=0.75]\n"
+    s.feed(plain + b"step 3 | train loss 0.5\n" + bar + plain + b"eval | val acc 0.9\n" + bar.replace(b"0.75", b"0.8"),
+           step=3)
+    assert s.found() == {3: {names.printed("train_loss"): 0.5, names.printed("top1"): 0.8,
+                             names.printed("val_acc"): 0.9}}  # one chunk, one step: the last of each
+    s.feed(b"\r 50%|#  | 1/2 [00:01<00:01, top1=0.1]" + plain + b"\r100%|## | 2/2 [00:02<00:00, top1=0.2]\n", step=4)
+    assert s.found() == {4: {names.printed("top1"): 0.2}}

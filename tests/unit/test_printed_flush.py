@@ -20,6 +20,7 @@ class Parts:
         self.writes: list = []
         self.published: list = []
         self.pending = 0
+        self.dropped = None  # the recorder's: no record was unreadable
 
     # recorder
     def drain(self):
