@@ -67,8 +67,11 @@ def _frames(frame) -> tuple[Frame, ...]:
 class Collectives:
     """Counts of the script's torch.distributed calls, by name (installed with ``attach``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, step: Callable[[], int | None] = lambda: None) -> None:
         self.counts: dict[str, int] = {}
+        self.last: dict[str, int | None] = {}
+        """The step of each one's newest call."""
+        self._step = step
         self._patches = Patches()
 
     def attach(self, patches: Patches | None = None) -> None:
@@ -84,11 +87,12 @@ class Collectives:
                 self._patches.set(dist, name, self._wrap(name, original))
 
     def _wrap(self, name: str, original: Callable) -> Callable:
-        counts = self.counts
+        counts, last, step = self.counts, self.last, self._step
 
         @functools.wraps(original)
         def counted(*args, **kwargs):
             counts[name] = counts.get(name, 0) + 1
+            last[name] = step()
             return original(*args, **kwargs)
 
         counted._ptdash_counted = True
@@ -107,7 +111,7 @@ class StackTaker:
 
     def __init__(self, rank: Callable[[], int], step: Callable[[], int | None],
                  collectives: Collectives | None = None, answers=None) -> None:
-        self._rank, self._step, self.collectives = rank, step, collectives or Collectives()
+        self._rank, self._step, self.collectives = rank, step, collectives or Collectives(step)
         self.training: int | None = None
         if answers is not None:  # the rank link's reader answers the hub with these (distributed.py)
             answers.answer_stacks = self.take
@@ -131,4 +135,5 @@ class StackTaker:
             frame = None  # a frame holds its locals alive
         threads.sort(key=lambda t: (not t.training, t.ptdash, t.name))
         return RankStacks(rank=self._rank(), pid=os.getpid(), step=self._step(), threads=tuple(threads),
-                          collectives=dict(self.collectives.counts), wall=time.time()).to_data()
+                          collectives=dict(self.collectives.counts), last_collective=dict(self.collectives.last),
+                          wall=time.time()).to_data()

@@ -69,6 +69,8 @@ class RankStacks(Record):
     threads: tuple[Thread, ...] = ()
     collectives: dict = field(default_factory=dict)
     """torch.distributed calls made, by name (``all_reduce``: 31)."""
+    last_collective: dict = field(default_factory=dict)
+    """The step of each one's newest call (``all_reduce``: 29)."""
     wall: float = 0.0
 
     @property
@@ -179,7 +181,7 @@ def _ranks(numbers: list[int]) -> str:
 
 def mismatch(ranks: list[RankStacks]) -> str:
     """The collectives some ranks made more of than others ("rank 1 made 1 fewer all_reduce
-    than rank 0"), or ""."""
+    than rank 0 since step 29": after its call at step 29 the others made one more), or ""."""
     answered = [r for r in ranks if r.answered]
     names = sorted({n for r in answered for n in r.collectives})
     out = []
@@ -190,7 +192,9 @@ def mismatch(ranks: list[RankStacks]) -> str:
         if fewer:
             top = sorted(r for r, c in counts.items() if c == most)
             gap = most - min(counts[r] for r in fewer)
-            out.append(f"{_ranks(fewer)} made {gap} fewer {name} than {_ranks(top)} ({most} made)")
+            lasts = [r.last_collective.get(name) for r in answered if r.rank in fewer]
+            since = f" since step {min(lasts)}" if lasts and all(isinstance(x, int) for x in lasts) else ""
+            out.append(f"{_ranks(fewer)} made {gap} fewer {name} than {_ranks(top)}{since} ({most} made)")
     return "; ".join(out)
 
 
@@ -211,7 +215,7 @@ def summary(ranks: list[RankStacks], seconds: float | None = None) -> str:
         first = ranks[[r.rank for r in ranks].index(numbers[0])]
         kind, words = doing(first)
         if kind in ("stopped", "silent"):
-            step = f" (last step {first.step})" if first.step is not None else ""
+            step = f" (last known step {first.step})" if first.step is not None else ""
             parts.append(f"{_ranks(numbers)}: {words}{step}")
         elif kind in WAITING:
             said = f" ({words})" if kind in ("collective", "ptdash") and spot else ""
@@ -275,8 +279,9 @@ def render(ranks: list[RankStacks], width: int = 100, all_threads: bool = True) 
     if text:
         lines += [text, ""]
     common, groups = fold(ranks)
-    if len(ranks) == 1 and ranks[0].answered:
-        only = ranks[0]
+    answered = [r for r in ranks if r.answered]
+    if len(answered) == 1:  # one process, or one rank of several that answered: its stack alone
+        only = answered[0]
         step = f", step {only.step}" if only.step is not None else ""
         lines.append(f"rank {only.rank}{step}: {doing(only)[1]}; training thread:")
         for frame in common + (groups[0][1] if groups else []):
@@ -305,7 +310,7 @@ def render(ranks: list[RankStacks], width: int = 100, all_threads: bool = True) 
             lines.append(" │ ".join(cells).rstrip())
     for r in ranks:
         if not r.answered:
-            step = f", last step {r.step}" if r.step is not None else ""
+            step = f", last known step {r.step}" if r.step is not None else ""
             lines.append(f"rank {r.rank} (pid {r.pid}{step}): {r.note or 'no answer'}"
                          + (f"; process {r.state}" if r.state else "") + (f", in the kernel at {r.wchan}"
                                                                           if r.wchan else ""))

@@ -106,7 +106,7 @@ def test_two_gloo_ranks_one_stuck_named_on_demand_and_in_the_stall(tmp_path, han
         if hang != "collective":
             assert stall.ranks == (1,), stall  # named by its stacks: rank 0 waits for it
         else:
-            assert "rank 1 made 1 fewer all_reduce than rank 0" in stall.where
+            assert "rank 1 made 1 fewer all_reduce than rank 0 since step 11" in stall.where, stall.where
         code, answer = _stacks(run, tmp_path)
         assert code == 0 and stuck in answer["summary"] and waits in answer["summary"], answer["summary"]
         inner = {"python": "wait_for_lost_shard", "data": "_try_get_data", "collective": "barrier"}[hang]

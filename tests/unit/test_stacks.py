@@ -68,12 +68,13 @@ def test_a_skipped_all_reduce_is_named_by_the_counts():
     reduce = Frame(file=SITE + "torch/distributed/distributed_c10d.py", line=3252, func="all_reduce", lib="torch")
     barrier = Frame(file=SITE + "torch/distributed/distributed_c10d.py", line=5356, func="barrier", lib="torch")
     ranks = [_rank(0, Frame(file="/home/u/train.py", line=67, func="step", code="dist.all_reduce(m)", own=True),
-                   reduce, collectives={"all_reduce": 20}),
+                   reduce, collectives={"all_reduce": 20}, last_collective={"all_reduce": 20}),
              _rank(1, Frame(file="/home/u/train.py", line=65, func="step", code="dist.barrier()  # why", own=True),
-                   barrier, collectives={"all_reduce": 19, "barrier": 1})]
+                   barrier, collectives={"all_reduce": 19, "barrier": 1},
+                   last_collective={"all_reduce": 19, "barrier": 20})]
     assert [doing(r) for r in ranks] == [("collective", "in all_reduce"), ("collective", "in barrier")]
     assert culprits(ranks) == []  # both wait: the counts say who skipped
-    assert "rank 1 made 1 fewer all_reduce than rank 0 (20 made)" in mismatch(ranks)
+    assert "rank 1 made 1 fewer all_reduce than rank 0 since step 19 (20 made)" in mismatch(ranks)
     assert "rank 1 waited in `dist.barrier()` (train.py:65)" in summary(ranks)
 
 
@@ -81,9 +82,11 @@ def test_a_rank_that_did_not_answer_is_named_with_its_state():
     ranks = [_rank(0, *BACKWARD), RankStacks(rank=1, pid=7, step=57, answered=False, state="T (stopped)",
                                              wchan="do_signal_stop", note="no answer: its process is stopped")]
     assert doing(ranks[1])[0] == "stopped" and culprits(ranks) == [1]  # rank 0 waits for it
-    assert "rank 1: its process is stopped (SIGSTOP or a debugger) (last step 57)" in summary(ranks)
-    assert any("rank 1 (pid 7, last step 57): no answer" in line and "do_signal_stop" in line
-               for line in render(ranks))
+    assert "rank 1: its process is stopped (SIGSTOP or a debugger) (last known step 57)" in summary(ranks)
+    lines = render(ranks)
+    assert any("rank 1 (pid 7, last known step 57): no answer" in line and "do_signal_stop" in line for line in lines)
+    assert "rank 0, step 29: in backward (DDP's gradient all-reduce waits there); training thread:" in lines
+    assert not any("common to" in line for line in lines)  # one rank answered: nothing is common to several
 
 
 def test_stacks_travel_in_a_stall_event_and_read_back():
@@ -128,7 +131,7 @@ def test_collectives_are_counted_and_the_wrappers_undone():
     import torch.distributed as dist
 
     original = dist.all_reduce
-    counted = Collectives()
+    counted = Collectives(lambda: 7)
     counted.attach()
     try:
         assert dist.all_reduce is not original and dist.all_reduce.__wrapped__ is original
@@ -136,7 +139,7 @@ def test_collectives_are_counted_and_the_wrappers_undone():
             dist.all_reduce(None)  # no process group: torch raises, after the count
         except Exception:  # noqa: BLE001 - torch's own error
             pass
-        assert counted.counts == {"all_reduce": 1}
+        assert counted.counts == {"all_reduce": 1} and counted.last == {"all_reduce": 7}
     finally:
         counted.detach()
     assert dist.all_reduce is original
