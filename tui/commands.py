@@ -47,7 +47,7 @@ class CommandActions:
                 return False
             # Compared runs are drawn whole, by step or by time: the view does not apply.
             if parameters[:1] == ("metric",):  # more than one group of printed metrics to go through
-                return len(overview.metric_groups(self.state)) > 1
+                return not self.comparison.active and len(overview.metric_groups(self.state)) > 1
             return action == "wide_events" or not self.comparison.active and self.view.can(str(parameters[0]))
         if action not in CONTROL_ACTIONS:
             return self.comparison.active or action != "toggle_time"

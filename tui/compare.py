@@ -3,7 +3,8 @@
 ``ptdash show A B`` draws B (and C...) beside A, ``ptdash attach RUN --compare OTHER``
 draws OTHER behind a live run. Each run keeps one colour on every chart and in the
 table: the loss (its EMA, the raw lines of several runs being noise on noise), the
-first LR series and the total gradient norm, aligned by step or, with ``by_time``, by
+first LR series, the total gradient norm and the first printed metric (a validation
+loss), aligned by step or, with ``by_time``, by
 seconds since each run's first step. Pure: no Textual; the Overview draws what the
 builders here return.
 """
@@ -31,6 +32,7 @@ from .fmt import fmt_duration, fmt_si
 from .series import Series
 from .source import read_run_info
 from .source.history import HISTORY_POINTS
+from .tabs.overview import metric_groups
 from .view import ChartView
 
 if TYPE_CHECKING:
@@ -63,7 +65,9 @@ def load_reference(path: Path) -> Reference:
     except StoreError:
         return ref
     with reader:
-        for name in (names.LOSS, names.GRAD_NORM, *names.lr_names(reader.names())):
+        found = reader.names()
+        for name in (names.LOSS, names.GRAD_NORM, *names.lr_names(found),
+                     *(n for n in found if names.parse_printed(n) is not None)):
             steps, values = reader.series(name, max_points=HISTORY_POINTS)
             if steps:
                 ref.series[name] = Series()
@@ -224,6 +228,14 @@ def lr(runs: list[Run], by_time: bool = False) -> tuple[Text, Chart]:
 def grad(runs: list[Run], by_time: bool = False) -> tuple[Text, Chart]:
     """Each run's total gradient norm before clipping."""
     return _overlay(runs, lambda r: names.GRAD_NORM, by_time, log_y="auto")
+
+
+def printed(runs: list[Run], by_time: bool = False) -> tuple[Text, Chart]:
+    """Each run's printed metric that the main run's metrics panel starts with (its validation
+    loss, where it printed one), by that name."""
+    name = next((n for group in metric_groups(runs[0]) for n in group if n != names.LOSS), None)
+    legend, chart = _overlay(runs, lambda r: name, by_time, log_y="auto")
+    return (Text.assemble((names.parse_printed(name) or "", "dim"), "  ", legend) if name else legend), chart
 
 
 def versions(runs: list[Run], by_time: bool) -> tuple:

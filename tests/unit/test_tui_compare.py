@@ -67,3 +67,18 @@ def test_figures_and_a_narrow_table():
     assert compare.fit_columns([row], 200) == list(range(len(compare.FIGURES)))
     narrow = compare.fit_columns([row], 60)
     assert narrow[:3] == [0, 1, 2] and 5 in narrow and 4 not in narrow  # steps/s goes first
+
+
+def test_the_printed_panel_overlays_each_runs_metric_the_main_run_starts_with(tmp_path):
+    main = make_run(tmp_path / "a", steps=500, status="finished", exit_code=0, printed=True)
+    other = make_run(tmp_path / "b", steps=300, status="finished", exit_code=0, printed=True, seed=3)
+    plain = make_run(tmp_path / "c", steps=200, status="finished", exit_code=0)
+    refs = [compare.load_reference(d) for d in (main, other, plain)]
+    assert {"printed/val_loss", "printed/val_acc", "printed/test_bleu"} <= set(refs[1].series)
+    runs = [compare.Run(f"run{i}", colour, ref.series, ref.clock, ref.info)
+            for i, (ref, colour) in enumerate(zip(refs, ("green", "cyan", "magenta")))]
+    legend, chart = compare.printed(runs)
+    # The main run's panel starts with its validation loss: each run's is drawn, by that name.
+    assert legend.plain.startswith("val_loss  ") and "run2 —" in legend.plain
+    assert [line.steps[-1] for line in chart.lines] == [300, 500]  # the main run's last, so on top
+    assert chart.lines[-1].values == refs[0].series["printed/val_loss"].values

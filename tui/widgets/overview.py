@@ -27,7 +27,7 @@ CHARTS = (("loss", "loss"), ("lr", "learning rate"), ("grad", "grad norm"), ("me
 """(id, title) of each chart, in layout order; what each draws is ``overview.CHARTS[id]``. The
 metrics panel (what the script printed) shows only when there is some (``-printed``)."""
 
-COMPARED = {"loss": compare.loss, "lr": compare.lr, "grad": compare.grad}
+COMPARED = {"loss": compare.loss, "lr": compare.lr, "grad": compare.grad, "metrics": compare.printed}
 """The charts that overlay the compared runs, and their builders."""
 
 ZOOM = Binding.Group("Zoom")
