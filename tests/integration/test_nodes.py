@@ -25,6 +25,8 @@ from ptdash import link
 from ptdash.shared import authlink, events, rundir
 from ptdash.shared.client import Client
 from ptdash.shared.reader import StoreReader
+from ptdash.shared.stacks import read
+from ptdash.tui.stacks_cli import take_stacks
 from support import users
 from support.runner import ENV, SCRIPTS, Run, kill_all, processes_in, wait_for
 
@@ -254,6 +256,9 @@ def test_two_nodes_are_one_run_steered_at_one_step_and_only_the_job_gets_in(node
         steps, values = run.series("opt/lr/group0", rank=rank)
         lrs = dict(zip(steps, values))
         assert lrs[lr.step] == pytest.approx(0.05) and lrs[lr.step + 1] == pytest.approx(0.025), rank
+    ranks = read(take_stacks(run.run_dir, timeout=60))  # rank 1 answers over the authenticated TCP link
+    assert [(r.rank, r.answered, r.host) for r in ranks] == [(0, True, ""), (1, True, NODE1)], ranks
+    assert all(any(f.own for f in r.training.frames) for r in ranks)  # the script's own lines, on both nodes
     stop = run.send("stop")
     assert stop.ok
     assert run.node1.wait(120) == 0 and run.proc.wait(120) == 0  # every launcher exits as the script did
