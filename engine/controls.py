@@ -183,9 +183,9 @@ class Controls:
         LR factor in force from the start cannot act, so it is said once and set back to 1,
         so that nothing shows a factor that is not applied."""
         scale = self.settings.lr_scale
+        self.settings.lr_scale, self._journal.lr_fixed = 1.0, True  # the dashboards dim the l key
+        self._journal.set_state(None)
         if scale != 1.0:
-            self.settings.lr_scale = 1.0
-            self._journal.set_state(None)
             self._journal.event("warning", f"{self.lr_origin} {scale:g} is not applied: {NO_OPTIMIZER}")
 
     def request_checkpoint(self, reason: str) -> None:

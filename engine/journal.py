@@ -53,11 +53,14 @@ class Journal:
         self._mirrored_step: int | None = None
         self.leader_ended: str | None = None
         """How rank 0 ended, when it runs in another process than the hub."""
+        self.lr_fixed = False
+        """Whether the script turned out to have no torch.optim optimizer (an LR factor cannot act)."""
 
     def status(self) -> Status:
         s = self._settings
         return Status(state=self.state, step=self.step(), total_steps=self.total_steps, paused_at=self.paused_at,
-                      clip=s.clip, lr_scale=s.lr_scale, exit_code=self.exit_code, detail=self.detail)
+                      clip=s.clip, lr_scale=s.lr_scale, exit_code=self.exit_code, detail=self.detail,
+                      lr_fixed=self.lr_fixed)
 
     def step(self) -> int:
         """The run's step: this process's, or rank 0's when it runs in another process."""
@@ -72,7 +75,7 @@ class Journal:
         s = self._settings
         before = (self.state, self.paused_at, s.clip, s.lr_scale, self.total_steps)
         self._mirrored_step = status.step
-        s.clip, s.lr_scale = status.clip, status.lr_scale
+        s.clip, s.lr_scale, self.lr_fixed = status.clip, status.lr_scale, status.lr_fixed
         if status.total_steps is not None:
             self.total_steps = status.total_steps
         state = self.state

@@ -59,6 +59,8 @@ class CommandActions:
             return False
         if not self.source.can_control or state == "stopping":
             return None
+        if action == "lr_factor" and self.state.status is not None and self.state.status.lr_fixed:
+            return None  # the script sets its own LR: the engine would refuse it
         return True
 
     def send(self, name: str, value: float | None = None, typed: str | None = None) -> None:

@@ -140,6 +140,8 @@ class Status(Message):
     detail: str = ""
     epoch: int | None = None
     """The epoch of the training loop (its DataLoader's passes), when the engine counts them."""
+    lr_fixed: bool = False
+    """The LR factor cannot act: the script has no torch.optim optimizer (its LR is its own)."""
 
 
 STATES = ("starting", "running", "pausing", "paused", "stopping", "finished", "stopped", "crashed")

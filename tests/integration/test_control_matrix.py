@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ptdash.shared.protocol import Status
 from support.runner import ENV, SCRIPTS, Run, kill_all, processes_in, wait_for
 
 KINDS = SCRIPTS / "kinds.py"
@@ -98,6 +99,9 @@ def every_command(run: Run, traces: list[Path], lrs, optimizers: int, refused: s
                           what="the warning about --lr-scale")
         assert warned[0].message.startswith("--lr-scale 0.5 is not applied") and warned[0].step <= 1
         assert run.info().lr_scale in (None, 1.0)
+    # The status says whether the LR factor can act (the dashboard dims its key when not).
+    status = wait_for(lambda: _status_after(run, 5), 60, what="a status after step 5")
+    assert status.lr_fixed is bool(refused) and status.lr_scale == (1.0 if refused else START_SCALE)
     pause_and_resume(run, ranks)
 
     code, ack = ctl(run, "lr-scale", str(LIVE_SCALE))
@@ -137,6 +141,16 @@ def every_command(run: Run, traces: list[Path], lrs, optimizers: int, refused: s
     assert "finally ran" in run.output()
     assert run.info().status == "stopped"
     assert (run.run_dir / "checkpoints" / f"step-{ack['step']}.pt").exists()
+
+
+def _status_after(run: Run, step: int) -> Status | None:
+    """The next Status the engine sent for a step after ``step`` (None when none came in a second)."""
+    msg = run.client.recv(timeout=1)
+    while msg is not None:
+        if isinstance(msg, Status) and msg.step > step:
+            return msg
+        msg = run.client.recv(timeout=1)
+    return None
 
 
 class KindRun(Run):

@@ -115,3 +115,24 @@ def test_the_clip_dialog_cancels_when_empty_and_turns_off_only_on_off(live_run):
         return engine.names()
 
     assert run(scenario()) == [("clip", 50.0), ("clip", None)]
+
+
+def test_the_lr_key_is_dimmed_when_the_script_has_no_optimizer(live_run):
+    # The engine says so in its status once the script's first step ended with no torch.optim
+    # optimizer: the LR factor would be refused, so the key does nothing and the help dims it.
+    run_dir, engine = live_run
+
+    async def scenario():
+        app = make_app(LiveSource(run_dir))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: app.source.can_control and app.state.status is not None, what="connection")
+            assert app.check_action("lr_factor", ()) is True
+            engine.set_status(lr_fixed=True)
+            await until(pilot, lambda: app.state.status.lr_fixed, what="the status")
+            assert app.check_action("lr_factor", ()) is None and app.check_action("clip", ()) is True
+            await pilot.press("l")
+            await pilot.pause()
+            assert not isinstance(app.screen, ValueDialog) and engine.names() == []
+            await open_dialog(pilot, "g")  # the clip still works on such a script
+
+    run(scenario())
