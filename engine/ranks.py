@@ -169,7 +169,8 @@ class RankCollector:
                                  stacks=tuple(ranks)), text)
         if where:
             self._event(events.Finding(id="stalled", what=where, why=RULES["stalled"].why, fix=RULES["stalled"].fix,
-                                       severity=RULES["stalled"].severity, step=lowest), f"stalled: {where}")
+                                       severity=RULES["stalled"].severity, step=lowest, case=f"step {lowest}"),
+                        f"stalled: {where}")  # a case a stall: each one its own finding
         self._on_stall(text)
 
 

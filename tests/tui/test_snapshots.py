@@ -159,6 +159,12 @@ def test_the_ranks_tab_shows_the_stacks_a_stall_kept(snap_compare, hang_run):
     assert snap_compare(app, press=["5"], terminal_size=WIDE, run_before=loaded)
 
 
+def test_the_doctor_tab_says_where_the_stalled_ranks_were(snap_compare, hang_run):
+    """The stall's finding: "rank 1 was in `wait_for_lost_shard` (train.py:48) ...; rank 0 waited in ..."."""
+    app, loaded = replay(hang_run)
+    assert snap_compare(app, press=["6"], terminal_size=WIDE, run_before=loaded)
+
+
 @pytest.fixture(scope="module")
 def compared_runs(tmp_path_factory):
     """Two finished runs of different lengths and seeds, to be shown side by side."""
