@@ -2,7 +2,8 @@
 
 Reads the ``finding`` events from the run's store (live or finished) and prints each
 with what was seen, why it matters and the fix, then the Python warnings the script
-raised (``--json``: all of it as one JSON object). Exit status: 0 without findings, 1 with
+raised and the metrics read from its output (printed.py: each name's first value and its
+line, so a wrong guess is seen) (``--json``: all of it as one JSON object). Exit status: 0 without findings, 1 with
 findings or on an error, 2 on bad usage.
 """
 
@@ -15,7 +16,7 @@ import sqlite3
 import sys
 import textwrap
 
-from ptdash.shared.events import Warned, read
+from ptdash.shared.events import PrintedMetric, Warned, read
 from ptdash.shared.protocol import Event
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME, StoreError
@@ -45,7 +46,9 @@ def cmd_doctor(argv: list[str]) -> int:
         found, warnings = fold(events)
         print(json.dumps({"run_dir": str(run.path), "name": run.info.name, "state": run.state, "step": steps,
                           "findings": [dataclasses.asdict(f) for f in found],
-                          "warnings": [e.message for e in warnings]}, indent=2))
+                          "warnings": [e.message for e in warnings],
+                          "printed": [{"step": e.step, "rank": e.rank, **dataclasses.asdict(read(e))}
+                                      for e in _printed(events)]}, indent=2))
         return 1 if found else 0
     title = f"{run.path.name} ({run.state}" + (f" at step {steps}" if steps is not None else "") + ")"
     text, count = render(title, events, width=min(100, shutil.get_terminal_size((100, 24)).columns))
@@ -89,4 +92,14 @@ def render(title: str, events: list[Event], width: int = 100) -> tuple[str, int]
     if warnings:
         lines += ["", f"Python warnings the script raised ({len(warnings)}, each shown once):"]
         lines += ["   " + textwrap.shorten(e.message, width=width - 3, placeholder=" ...") for e in warnings]
+    printed = _printed(events)
+    if printed:  # what was read from the output, and the line it came from: a wrong guess is seen here
+        lines += ["", f"Metrics read from the script's output ({len(printed)}; --no-parse-output turns it off):"]
+        lines += ["   " + textwrap.shorten(e.message.replace("found printed metric ", ""), width=width - 3,
+                                           placeholder=" ...") for e in printed]
     return "\n".join(lines), len(found)
+
+
+def _printed(events: list[Event]) -> list[Event]:
+    """The printed-metric events: each name's first value (per rank) and those left out."""
+    return [e for e in events if isinstance(read(e), PrintedMetric)]

@@ -46,6 +46,9 @@ def test_every_printed_value_is_in_the_store_at_its_step_and_nothing_else_is(tmp
     assert set(summary) == wanted and summary["val_loss"]["last"] == {"step": 16, "value": expected[16]["val_loss"]}
     text = ptdash("show", "run", "--once", cwd=tmp_path).stdout
     assert "  printed     eval_accuracy  last 0.5 (step 17)" in text
+    doctor = ptdash("doctor", "run", cwd=tmp_path)  # each guess, with its line, where the doctor reports
+    assert doctor.returncode == 0 and "Metrics read from the script's output (12;" in doctor.stdout
+    assert "   val_mse = 4.3333 at step 3: 100%|####| 4/4 [00:04<00:00" in doctor.stdout
     exported = ptdash("export", "run", "--format", "csv", "-o", "run.csv", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     header, *lines = (tmp_path / "run.csv").read_text().splitlines()
