@@ -87,7 +87,7 @@ def pause_and_resume(run: Run, steps_of) -> None:
 
 
 def every_command(run: Run, traces: list[Path], lrs, optimizers: int, refused: str | None) -> None:
-    """pause, resume, lr-scale, clip, checkpoint, profile, stop: each takes effect or is refused."""
+    """pause, resume, lr-scale, clip, clip off, checkpoint, profile, stop: each takes effect or is refused."""
     ranks = range(len(traces))
     for path in traces:
         rows = wait_trace(path, 5)
@@ -121,6 +121,12 @@ def every_command(run: Run, traces: list[Path], lrs, optimizers: int, refused: s
         assert max(rows[s][i] for s in range(1, ack["step"] + 1) for i in range(1, len(lrs) * 2, 2)) > 2 * CLIP
         after = [rows[s][i] for s in range(ack["step"] + 1, ack["step"] + 5) for i in range(1, len(lrs) * 2, 2)]
         assert max(after) <= CLIP * (1 + 1e-5), after
+    code, ack = ctl(run, "clip", "off")  # the script's own clipping (or none) again
+    assert code == 0 and ack["ok"] and ack["message"].startswith(f"clip norm {CLIP:g} -> the script's own"), ack
+    for path in traces:
+        rows = wait_trace(path, ack["step"] + 5)
+        after = [rows[s][i] for s in range(ack["step"] + 1, ack["step"] + 5) for i in range(1, len(lrs) * 2, 2)]
+        assert max(after) > 2 * CLIP, after
 
     code, ack = ctl(run, "checkpoint")
     assert code == 0 and ack["ok"], ack
