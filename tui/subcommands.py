@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from ptdash.shared.limits import parse_positive
+
 from .errors import CliError
 
 LS_STATES = ("live", "stalled", "paused", "starting", "stopping", "finished", "crashed", "stopped", "lost")
@@ -44,6 +46,13 @@ def _states(text: str) -> list[str]:
     if not states or unknown:
         raise argparse.ArgumentTypeError(f"{text!r} is not a state; use one or more of {', '.join(LS_STATES)}")
     return states
+
+
+def _seconds(text: str) -> float:
+    try:
+        return parse_positive(text, "--timeout")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parser(name: str, description: str, epilog: str | None = None) -> Parser:
@@ -118,7 +127,7 @@ def _stacks() -> Parser:
                 "Exit status: 0 with every rank's stacks, 1 when some rank did not answer, 2 on bad usage.")
     p.add_argument("run", nargs="?", metavar="RUN", help=RUN_HELP + " (default: the one live run)")
     p.add_argument("--json", action="store_true", help="print the ranks' stacks as a JSON object")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+    p.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
                    help="seconds to wait for the engine's answer (default 10)")
     return p
 

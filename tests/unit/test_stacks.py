@@ -161,3 +161,16 @@ def test_a_rank_held_at_ptdash_s_step_boundary_waits_and_says_so():
     assert doing(ranks[0])[0] == "ptdash" and culprits(ranks) == [1]
     assert summary(ranks) == ("rank 1 was in `wait_for_lost_shard` (train.py:12); rank 0 waited in `opt.step()` "
                               "(train.py:20) (at ptdash's step boundary, waiting for the other ranks)")
+
+
+def test_ptdash_stacks_refuses_a_timeout_that_is_not_a_positive_number_in_one_line():
+    import pytest
+
+    from ptdash.tui import subcommands
+    from ptdash.tui.errors import CliError
+
+    for bad in ("-1", "0", "nan", "soon"):
+        with pytest.raises(CliError, match="--timeout must be a (finite )?number") as refused:
+            subcommands.parse("stacks", ["--timeout", bad])
+        assert refused.value.code == 2 and "\n" not in str(refused.value)
+    assert subcommands.parse("stacks", ["--timeout", "2.5", "run"]).timeout == 2.5
