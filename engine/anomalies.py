@@ -83,6 +83,8 @@ class Anomalies:
         self._layer_seen = 0
         self._flagged: set[tuple[int, str]] = set()
         self._nonfinite_reported = False
+        self.rollback = None
+        """The rollback part (rollback.py), when the run keeps snapshots."""
 
     # ---------------------------------------------------------- training thread
 
@@ -115,16 +117,27 @@ class Anomalies:
             if bad.numel():
                 name = self._names(params)[int(bad[0])]
         self._handled.add(step)
-        action = self.action
+        action = self.acting()
         self._event(Anomaly(step=step, layer=name, action=action),
                     f"non-finite gradient before the update of step {step}, first in {name}"
-                    + {"pause": "; paused before the update", "skip": "; update skipped", "warn": ""}[action])
+                    + {"pause": "; paused before the update", "skip": "; update skipped", "warn": "",
+                       "rollback": "; rolling back"}[action])
         if action == "warn":
             return False
+        if action == "rollback":
+            self.rollback.before_update(step, f"non-finite gradient (first in {name})")
+            return True
         if action == "pause":
             self._pause_here(step - 1, name)
             self._event(Anomaly(step=step), f"skipped the non-finite update of step {step}")
         return True
+
+    def acting(self) -> str:
+        """What a non-finite step does now: ``--on-anomaly``, or a pause when rollback is
+        asked for but no snapshot can be kept (too big for ``--rollback-memory``)."""
+        if self.action == "rollback" and (self.rollback is None or self.rollback.off is not None):
+            return "pause"
+        return self.action
 
     # ----------------------------------------------------------- flusher thread
 
@@ -135,11 +148,14 @@ class Anomalies:
         ``pause`` also asks for a pause at the next step.
         """
         events = []
+        if self.rollback is not None:
+            self.rollback.observe(rows)
+        action = self.acting()
         for step, _wall, values in rows:
             nonfinite = (LOSS in values and values[LOSS] is None) or (
                 GRAD_NORM in values and values[GRAD_NORM] is None)
             if nonfinite and step not in self._handled:
-                if self.action == "pause":
+                if action == "pause":
                     if not self._is_paused():  # paused, or a pause already asked for
                         events.append((Anomaly(step=step, action="pause"),
                                        f"non-finite loss or gradient at step {step}, seen at the flush; "

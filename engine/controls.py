@@ -91,6 +91,8 @@ class Controls:
         """Why an LR factor cannot act now (the script has no torch.optim optimizer), at a boundary."""
         self.lr_origin = "--lr-scale"
         """Where a factor in force at the start came from (the option, or a resumed checkpoint)."""
+        self.rollback = None
+        """The rollback part (rollback.py), when the run keeps snapshots."""
 
     # -------------------------------------------------------------- server thread
 
@@ -130,11 +132,14 @@ class Controls:
         """Cheap check for the hot path: anything queued, pending, or a rank exchange due?"""
         pending = self.pending
         return bool(self._inbox or self.paused or pending.checkpoint or pending.stop is not None
-                    or (self.dist is not None and self.dist.due(step)))
+                    or (self.dist is not None and self.dist.due(step))
+                    or (self.rollback is not None and self.rollback.due))
 
     def at_step_start(self, step: int) -> None:
         """Apply queued commands before step ``step + 1`` updates; block while paused."""
         self._apply_inbox(step)
+        if self.rollback is not None and self.rollback.due:
+            self.rollback.at_boundary(step)
         while self.paused:
             if self.dist is None or not self.dist.ready:
                 self._wake.wait(0.5)
@@ -199,7 +204,11 @@ class Controls:
             if not (force or self.dist.due(step)):
                 return
             # The hub takes the queued commands (its own inbox) and hands every rank the same.
-            local = self.dist.exchange(step, self._step_seconds(), hold=paused)
+            rollback = self.rollback
+            local = self.dist.exchange(step, self._step_seconds(), hold=paused,
+                                       vote=rollback.vote(step) if rollback is not None else None)
+            if rollback is not None and self.dist.verdict is not None:
+                rollback.agreed(self.dist.verdict, step)
         else:
             local = self.take(len(self._inbox))
         for cmd in local:

@@ -41,6 +41,15 @@ only a hub that is gone makes it wait this long."""
 _RETRY_SECONDS = 0.05
 
 
+def _verdict(value) -> list | None:
+    """A rollback verdict as the hub sent it, checked: ``[why (str) or None, step (int) or None]``."""
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    why, through = value
+    return [why if isinstance(why, str) else None,
+            through if isinstance(through, int) and not isinstance(through, bool) else None]
+
+
 def env_rank() -> tuple[int, int, int]:
     """``(rank, local_rank, world_size)`` as a launcher set them (0, 0, 1 when alone)."""
     return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
@@ -80,6 +89,8 @@ class Distributed:
         self._last_cost = 0.0
         self.answer_stacks: Callable[[], dict] | None = None
         """This process's stacks (stacks.StackTaker.take), for the hub's requests."""
+        self.verdict: list | None = None
+        """The rollback verdict of the newest exchange (``[why or None, good through]``), or None."""
         self.identify()
 
     @property
@@ -173,19 +184,24 @@ class Distributed:
     def due(self, step: int) -> bool:
         return self.channel and step >= self.next_exchange
 
-    def exchange(self, step: int, step_seconds: float, hold: bool = False, barrier: bool = False) -> list[Command]:
+    def exchange(self, step: int, step_seconds: float, hold: bool = False, barrier: bool = False,
+                 vote: list | None = None) -> list[Command]:
         """One round with every other rank: the same commands come back to each.
 
         ``hold``: this rank is paused (the hub waits a moment for a command before it lets
-        the round go). ``barrier``: a round that only waits for the others.
+        the round go). ``barrier``: a round that only waits for the others. ``vote``: this
+        rank's word on rolling back (rollback.py); the round's verdict, the same for every
+        rank, is left in ``verdict``.
         """
         t0 = time.perf_counter()
+        self.verdict = None
         if self.hub is not None:
-            commands, next_step = self.hub.exchange(self.rank, step, step_seconds, self._last_cost, hold, barrier)
+            commands, next_step, self.verdict = self.hub.exchange(self.rank, step, step_seconds, self._last_cost,
+                                                                  hold, barrier, vote)
         else:
             try:
                 answer = self.link.request({"arrive": step, "s": step_seconds, "cost": self._last_cost,
-                                            "hold": hold, "barrier": barrier})
+                                            "hold": hold, "barrier": barrier, "vote": vote})
             except (OSError, LinkError) as exc:
                 # The hub is gone: no more commands; training goes on.
                 log.warning("rank link: %s; no more commands reach this rank", exc)
@@ -193,6 +209,7 @@ class Distributed:
                 return []
             commands = [Command(id=i or "", name=n, value=v) for i, n, v in answer["commands"]]
             next_step = int(answer["next"])
+            self.verdict = _verdict(answer.get("verdict"))
         elapsed = time.perf_counter() - t0
         if not hold:
             self._last_cost = elapsed

@@ -45,6 +45,7 @@ from .printed import PrintedMetrics
 from .profiling import Profiler
 from .ranks import RankCollector, push_interval
 from .recorder import Recorder
+from .rollback import Rollback
 from .shared import events, rundir
 from .shared.config import RunConfig
 from .shared.limits import check_setting
@@ -120,6 +121,9 @@ class Engine:
                            self.user_values, self.journal, self.budget, self._first_step, self._discovered,
                            self._step_end)
         self.controls.lr_refusal = lambda: NO_OPTIMIZER if self.hooks.inferred.optimizer_less() else None
+        self.rollback = Rollback.for_run(config, self.discovery, self.journal, self.settings, self.controls,
+                                         self.anomalies, self.hooks, self.dist)
+        """``--on-anomaly rollback`` (or ``--rollback-every``): the last good state, kept (rollback.py); or None."""
         self.naming = LayerNaming(self.discovery)
         self._patches = Patches()
         """The engine's own patches (the resumed run's scheduler guard)."""
@@ -379,8 +383,10 @@ class Engine:
             self.profiler.on_step_end(step)
         if self._periodic and self.checkpointer.due(step):
             self.controls.request_checkpoint("periodic")
+        if self.rollback is not None:
+            self.rollback.step_end(step)
         # A profile window opens only at a boundary, whose step ends here again.
-        self.hooks.state.ends_wanted = self.profiler.wanted or self._periodic
+        self.hooks.state.ends_wanted = self.profiler.wanted or self._periodic or self.rollback is not None
 
     # ------------------------------------------------------------- public API
 

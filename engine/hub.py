@@ -90,6 +90,18 @@ def spacing_steps(step_seconds: float, cost_seconds: float) -> int:
     return max(1, min(MAX_EVERY, int(spacing / step_seconds)))
 
 
+def verdict(arrivals: list[tuple]) -> list | None:
+    """The rollback verdict of a round, from each rank's vote ``[why or None, good through]``:
+    the first reason any rank gave (every rank rolls back), and the lowest step every rank
+    found sound (every rank may keep a snapshot up to it). None when no rank voted."""
+    votes = [a[5] for a in arrivals if isinstance(a[5], list) and len(a[5]) == 2]
+    if not votes:
+        return None
+    whys = sorted(str(v[0]) for v in votes if v[0])
+    steps = [v[1] for v in votes if isinstance(v[1], int) and not isinstance(v[1], bool)]
+    return [whys[0] if whys else None, min(steps) if len(steps) == len(votes) else None]
+
+
 class Hub:
     """Registration, the channel decision and the command exchange (see the module docstring).
 
@@ -118,7 +130,7 @@ class Hub:
         self._arrived: dict[int, tuple] = {}
         self._round = 0
         self._releasing = False
-        self._result: tuple[list[Command], int] = ([], 0)
+        self._result: tuple[list[Command], int, list | None] = ([], 0, None)
         self._costs: list[float] = []
         self._listener: UnixRankListener | None = None
         self._closing = False
@@ -174,10 +186,13 @@ class Hub:
                 ok, missing = self.channel(rank)
                 conn.send({"channel": ok, "missing": missing})
             elif "arrive" in request:
-                commands, next_step = self.exchange(rank, int(request["arrive"]), float(request.get("s") or 0.0),
-                                                    float(request.get("cost") or 0.0), bool(request.get("hold")),
-                                                    bool(request.get("barrier")))
-                conn.send({"commands": [[c.id, c.name, c.value] for c in commands], "next": next_step})
+                commands, next_step, verdict = self.exchange(
+                    rank, int(request["arrive"]), float(request.get("s") or 0.0), float(request.get("cost") or 0.0),
+                    bool(request.get("hold")), bool(request.get("barrier")), request.get("vote"))
+                answer = {"commands": [[c.id, c.name, c.value] for c in commands], "next": next_step}
+                if verdict is not None:  # a round with votes (rollback.py)
+                    answer["verdict"] = verdict
+                conn.send(answer)
             else:
                 raise ValueError(f"unknown request {sorted(request)[:3]}")
 
@@ -342,26 +357,27 @@ class Hub:
     # ------------------------------------------------------------------ exchange
 
     def exchange(self, rank: int, step: int, step_seconds: float, cost: float, hold: bool,
-                 barrier: bool = False) -> tuple[list[Command], int]:
+                 barrier: bool = False, vote=None) -> tuple[list[Command], int, list | None]:
         """Wait until every participant arrived, then return the round's commands (the
-        same for all) and the step of the next exchange. ``barrier``: a round that hands
-        out no commands (a checkpoint's barrier)."""
+        same for all), the step of the next exchange and the rollback verdict. ``barrier``:
+        a round that hands out no commands (a checkpoint's barrier). ``vote``: the rank's
+        ``[why or None, good through]`` on rolling back (rollback.py)."""
         with self._cond:
             participants = self.participants or frozenset({rank})
             if rank not in participants:
-                return [], step + 1
+                return [], step + 1, None
             my_round = self._round
-            self._arrived[rank] = (step, step_seconds, cost, hold, barrier)
+            self._arrived[rank] = (step, step_seconds, cost, hold, barrier, vote)
             info = self.ranks.get(rank)
             if info is not None:
                 info.step = step
             if not self._release_if_complete():
                 while self._round == my_round and not self._closing:
                     self._cond.wait(1.0)
-            commands, next_step = self._result
+            commands, next_step, verdict = self._result
         if rank != 0:
             commands = [Command(id="", name=c.name, value=c.value) for c in commands]
-        return commands, next_step
+        return commands, next_step, verdict
 
     def _release_if_complete(self) -> bool:
         """With the lock held: release the round when every participant is in."""
@@ -387,7 +403,7 @@ class Hub:
         if costs:
             self._costs = (self._costs + [min(costs)])[-16:]
         cost = sorted(self._costs)[len(self._costs) // 2] if self._costs else 0.0
-        self._result = (commands, step + spacing_steps(slowest, cost))
+        self._result = (commands, step + spacing_steps(slowest, cost), None if barrier else verdict(arrivals))
         self._arrived = {}
         self._round += 1
         self.exchanges += 1

@@ -59,6 +59,8 @@ class PreStep:
         """The registered hook; None while it is off (``take_off``) or detached."""
         self._resume: FirstForward | None = None
         self._dist_checked = False
+        self.rollback = None
+        """The rollback part (rollback.py): it judges a CPU step's spikes before its update."""
 
     def attach(self) -> None:
         """Register the hook (the caller attaches once)."""
@@ -101,6 +103,9 @@ class PreStep:
                     if not _isfinite(value):
                         state.unmetered(self._anomalies.before_update, opt, state.step + 1, None, [])
                         state.lean = {}  # commands may have been applied in its pause
+                        break
+                    if value > state.loss_max and self._spike(opt, [value], None):
+                        state.lean = {}
                         break
                     if len(losses) == 1 and loss.dtype is not _FLOAT64:
                         # Read already: the record keeps the number, the flush copies nothing.
@@ -168,8 +173,11 @@ class PreStep:
             tracked.norms = None
             if every and step % every == 0:
                 state.ratio_owed = True
-            if tracked.closure_losses is None and not _finite_on_cpu(state.losses):
-                state.unmetered(self._anomalies.before_update, opt, step, None, [])
+            if tracked.closure_losses is None:
+                if not _finite_on_cpu(state.losses):
+                    state.unmetered(self._anomalies.before_update, opt, step, None, [])
+                elif main:
+                    self._spike(opt, state.losses, None)
             return
         elif note is None and override is not None and tracked.sharded:
             # A live clip of shards: the whole model's total, a collective that every rank
@@ -201,15 +209,30 @@ class PreStep:
             # before the update. On CUDA it would be a sync per step: the flusher reports it
             # there instead, a flush later.
             if tracked.closure_losses is None:
-                if not (_isfinite(total.item()) and _finite_on_cpu(state.losses)):
+                norm = total.item()
+                if not (_isfinite(norm) and _finite_on_cpu(state.losses)):
                     state.extra += _perf_counter() - t0
                     state.unmetered(self._anomalies.before_update, opt, step, per_tensor, params)
+                    return
+                if main and self._spike(opt, state.losses, norm):
+                    state.extra += _perf_counter() - t0
                     return
         if main and every and (step % every == 0 or state.ratio_owed) and params:
             state.ratio_owed = False
             state.before_params = params = sharded.local(params) if tracked.sharded else params
             state.before = metrics.snapshot(params)
         state.extra += _perf_counter() - t0
+
+    def _spike(self, opt, losses: list, norm: float | None) -> bool:
+        """Whether the rollback judged this CPU step a spike (and rolled back) before its update."""
+        rollback = self.rollback
+        if rollback is None or not rollback.judging:
+            return False
+        why = rollback.judge(losses, norm)
+        if why is None:
+            return False
+        self._state.unmetered(rollback.before_update, self._state.step + 1, why)
+        return True
 
     def boundary(self) -> None:
         """The main step's boundary: apply queued commands, once per step, before its update."""

@@ -212,3 +212,25 @@ class Snapshot:
                 "optimizers": _fill(self.structure["optimizers"], self.buffers),
                 "schedulers": _fill(self.structure["schedulers"], self.buffers),
                 "rng": self.rng}
+
+
+def side_sources(models, structure: dict, sources: list) -> list[bool]:
+    """Which sources the CUDA side stream may copy while the next step's forward runs: the
+    parameters and the optimizers' state, which only the next update writes (fenced); the
+    models' buffers (a BatchNorm's running statistics change in the forward) and the
+    scalers' tensors are copied on the training stream, in its order, still without a wait."""
+    params = {p.data_ptr() for m in models for p in m.parameters()}
+    in_models = sum(sum(isinstance(v, _Slot) for v in state.values()) for state in structure["models"].values())
+    in_optimizers = len(_slots(structure["optimizers"]))
+    return [(i < in_models and t.data_ptr() in params) or in_models <= i < in_models + in_optimizers
+            for i, t in enumerate(sources)]
+
+
+def _slots(value) -> list:
+    if isinstance(value, _Slot):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _slots(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _slots(v)]
+    return []

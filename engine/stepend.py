@@ -84,7 +84,8 @@ class StepEnd:
             # caches are cold.
             now = _perf_counter()
             state.in_lean = None
-            losses, state.losses = state.losses, []
+            losses = state.ended_losses = state.losses
+            state.losses = []
             lrs = list(map(_LR, opt.param_groups))
             if (type(lrs[0]) is not float or len(lrs) > 1) and set(map(type, lrs)) != _FLOAT:
                 lrs = _held(lrs)
@@ -140,7 +141,8 @@ class StepEnd:
             return
         lrs = tracked.restore_lr()
         now = _perf_counter()
-        losses, state.losses = state.losses, []
+        losses = state.ended_losses = state.losses
+        state.losses = []
         index = tracked.closure_losses
         if index is not None:  # a closure: the loss of its first evaluation
             losses = losses[index:index + 1] if len(losses) > index else losses[:index]

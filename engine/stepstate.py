@@ -30,6 +30,8 @@ class StepState:
         "losses": "This step's losses: detached references kept at each backward (wrappers.py), "
                   "or on the lean path a CPU loss read there already, as a float; taken by the "
                   "step's record (stepend.py).",
+        "ended_losses": "The losses of the step that ended last (stepend.py), for its end's "
+                        "readers (rollback.py, warming its spike limit up).",
         "unscaled": "id(scaled loss) -> (a weak reference to it, the loss before scaling): "
                     "GradScaler-scaled losses waiting for their backward (wrappers.py).",
         "clip_notes": "The script's clip calls of this step (wrappers.py), taken by the "
@@ -63,6 +65,9 @@ class StepState:
                        "path always does): the engine says after each call whether it has "
                        "work at the next ones.",
         "last_step_s": "Recent step duration (a moving average), for spacing the rank exchanges.",
+        "loss_max": "The rollback's spike limit of a CPU loss (rollback.py, from the flusher; inf "
+                    "without one): a loss above it sends its step down the full path (wrappers.py), "
+                    "where it is judged before the update (prestep.py).",
         "update_ratio_every": "Update ratios are taken every this many steps (0: never); the "
                               "engine sets it from the run's config.",
     }
@@ -70,6 +75,7 @@ class StepState:
     def __init__(self) -> None:
         self.step = 0
         self.losses: list = []
+        self.ended_losses: list = []
         self.unscaled: dict = {}
         self.clip_notes = ClipNotes()
         self.in_step = self.at_boundary = False
@@ -86,6 +92,7 @@ class StepState:
         self.ends_wanted = True
         self.last_step_s = 0.0
         self.update_ratio_every = 100
+        self.loss_max = float("inf")
 
     def began(self) -> None:
         """A batch, a forward or a backward: step 1 starts at the first of them."""

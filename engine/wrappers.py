@@ -64,7 +64,7 @@ def wrap_backward(hooks, original):
                 if not state.losses and loss.is_cpu and loss.dtype is not _FLOAT64:
                     value = loss.item()
                     state.losses.append(value)
-                    if not _isfinite(value):
+                    if not _isfinite(value) or value > state.loss_max:  # checked, or judged, before the update
                         state.lean = {}
                         pre.put_back()
                 else:

@@ -42,6 +42,7 @@ from .ls import cmd_ls
 from .nodefront import follow_node
 from .options import (
     NO_TERMINAL_PAUSE_TIMEOUT,
+    add_rollback_arguments,
     count_arg,
     duration_arg,
     every_arg,
@@ -87,9 +88,11 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="the run's length in optimizer steps, for the total and ETA when its schedule "
                         "does not say (display only)")
     p.add_argument("--resume", type=Path, metavar="CKPT", help="resume from a ptdash checkpoint")
-    p.add_argument("--on-anomaly", choices=("pause", "skip", "warn"), default="pause",
+    p.add_argument("--on-anomaly", choices=("pause", "skip", "warn", "rollback"), default="pause",
                    help="on a non-finite loss or gradient: pause before the update (default), skip the "
-                        "update, or only warn")
+                        "update, only warn, or roll back to the last good state (a loss or gradient-norm "
+                        "spike rolls back too)")
+    add_rollback_arguments(p)
     p.add_argument("--pause-timeout", type=duration_arg, metavar="DURATION",
                    help="stop cleanly (with a checkpoint) when a pause lasts DURATION with nobody resuming it: "
                         "seconds, or 30m, 2h; 'none' waits for ever (default: 30m for a headless run with no "
@@ -172,6 +175,8 @@ def launch(args: argparse.Namespace, target: list[str], name: str,
             update_ratio_every=args.update_ratio_every, stall_seconds=args.stall_timeout,
             detect_anomaly=args.detect_anomaly, steps=args.steps,
             overhead_budget=args.overhead_budget, parse_output=args.parse_output,
+            rollback_every=args.rollback_every, rollback_memory=args.rollback_memory,
+            rollback_lr=args.rollback_lr, rollback_limit=args.rollback_limit,
             pause_timeout=getattr(args, "pause_timeout", None) or None, **every)
     except ConfigError as exc:
         raise CliError(str(exc), 2) from None

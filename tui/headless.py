@@ -36,7 +36,7 @@ from .ctl import send_command
 from .fmt import eta, fmt_duration
 from .series import StepRate
 
-SHOWN_KINDS = ("anomaly", "warning", "store", "disk", "oom", "stall", "node", "doctor")
+SHOWN_KINDS = ("anomaly", "warning", "store", "disk", "oom", "stall", "node", "doctor", "rollback", "snapshot")
 """Events printed as they happen; the rest only reach the progress line's "last"."""
 REPEAT_S = 0.5
 """A second SIGINT/SIGTERM this soon after the first is the same one: ``timeout`` and a

@@ -89,3 +89,55 @@ def every_arg(text: str) -> tuple[str, float]:
         return ("steps", steps)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--checkpoint-every takes a step count or a time like 30m, got {text!r}") from None
+
+
+def size_arg(text: str) -> int:
+    """``--rollback-memory``: bytes, or with a unit (``512M``, ``4G``, ``1.5GB``, ``2GiB``)."""
+    typed = text.strip().upper().removesuffix("IB").removesuffix("B")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    scale = units.get(typed[-1:], 1) if typed else 1
+    try:
+        value = float(typed[:-1] if typed[-1:] in units else typed) * scale
+    except ValueError:
+        value = float("nan")
+    if not value >= 1 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"takes a size such as 512M or 4G, got {text[:32]!r}")
+    return int(value)
+
+
+def factor_steps_arg(text: str) -> tuple[float, int]:
+    """``--rollback-lr F:S``: an LR factor 0 < F <= 1 for S >= 1 steps."""
+    try:
+        f, s = text.split(":")
+        factor, steps = float(f), int(s)
+        if not (0 < factor <= 1 and steps >= 1):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes F:S, a factor 0 < F <= 1 for S >= 1 steps (0.5:100), "
+                                         f"got {text[:32]!r}") from None
+    return factor, steps
+
+
+def limit_arg(text: str) -> tuple[int, int]:
+    """``--rollback-limit N:M``: at most N rollbacks within M steps, whole numbers >= 1."""
+    try:
+        n, m = (int(x) for x in text.split(":"))
+        if n < 1 or m < 1:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes N:M, whole numbers >= 1 (3:1000), got {text[:32]!r}") from None
+    return n, m
+
+
+def add_rollback_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``--on-anomaly rollback`` (docs/rollback.md)."""
+    p.add_argument("--rollback-every", type=count_arg(1), metavar="K",
+                   help="refresh the rollback snapshot every K steps (default: as often as the overhead "
+                        "budget affords, at least every 10; 100 under DDP)")
+    p.add_argument("--rollback-memory", type=size_arg, metavar="SIZE",
+                   help="host memory the rollback snapshots may take, e.g. 4G (default: a quarter of the RAM)")
+    p.add_argument("--rollback-lr", type=factor_steps_arg, metavar="F:S",
+                   help="after a rollback, multiply the LR factor by F for S steps (e.g. 0.5:100)")
+    p.add_argument("--rollback-limit", type=limit_arg, default=(3, 1000), metavar="N:M",
+                   help="more than N rollbacks within M steps pause the run instead (stop it when a pause "
+                        "would time out unanswered); default 3:1000")

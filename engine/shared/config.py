@@ -19,8 +19,9 @@ from typing import Any
 from .limits import BOUNDS, check_setting
 from .protocol import STATES
 
-ANOMALY_ACTIONS = ("pause", "skip", "warn")
-"""What a non-finite loss or gradient does: pause before the update, skip it, or only warn."""
+ANOMALY_ACTIONS = ("pause", "skip", "warn", "rollback")
+"""What a non-finite loss or gradient does: pause before the update, skip it, only warn, or
+roll back to the last good state (which a loss or gradient-norm spike does too)."""
 
 
 class ConfigError(ValueError):
@@ -92,6 +93,15 @@ class RunConfig:
     parse_output: bool = True
     """Read the metrics the script prints (``val loss 2.29``) into ``printed/<name>`` series
     (printed.py); ``--no-parse-output`` turns it off."""
+    rollback_every: int | None = None
+    """Refresh the rollback snapshot every this many steps (None: as the cost budget affords;
+    kept with ``on_anomaly`` rollback, or when this is given)."""
+    rollback_memory: int | None = None
+    """Host bytes the rollback snapshots may take (None: a quarter of the machine's memory)."""
+    rollback_lr: tuple[float, int] | None = None
+    """``(factor, steps)``: after a rollback, the LR factor times ``factor`` for ``steps`` steps."""
+    rollback_limit: tuple[int, int] = (3, 1000)
+    """``(n, m)``: more than n rollbacks within m steps pause the run (stop it, unattended)."""
 
     def __post_init__(self) -> None:
         _setting("clip", self.clip)
@@ -107,6 +117,19 @@ class RunConfig:
         if self.overhead_budget > 100:
             raise ConfigError(f"overhead_budget is a percentage, at most 100, got {self.overhead_budget!r}")
         _positive("pause_timeout", self.pause_timeout)
+        _count("rollback_every", self.rollback_every, 1)
+        _count("rollback_memory", self.rollback_memory, 1)
+        if self.rollback_lr is not None:
+            lr = tuple(self.rollback_lr)
+            if len(lr) != 2 or isinstance(lr[0], bool) or not isinstance(lr[0], (int, float)) \
+                    or not 0 < lr[0] <= 1 or isinstance(lr[1], bool) or not isinstance(lr[1], int) or lr[1] < 1:
+                raise ConfigError(f"rollback_lr must be (factor, steps) with 0 < factor <= 1 and steps >= 1, "
+                                  f"got {self.rollback_lr!r}")
+            object.__setattr__(self, "rollback_lr", (float(lr[0]), lr[1]))
+        limit = tuple(self.rollback_limit) if isinstance(self.rollback_limit, (list, tuple)) else ()
+        if len(limit) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in limit):
+            raise ConfigError(f"rollback_limit must be (n, m), whole numbers >= 1, got {self.rollback_limit!r}")
+        object.__setattr__(self, "rollback_limit", limit)
         if self.on_anomaly not in ANOMALY_ACTIONS:
             raise ConfigError(f"on_anomaly must be one of {', '.join(ANOMALY_ACTIONS)}, got {self.on_anomaly!r}")
         if self.resume is not None and not isinstance(self.resume, str):
@@ -127,8 +150,9 @@ class RunConfig:
     def to_json(self) -> dict:
         """The JSON object run.json stores."""
         out = dataclasses.asdict(self)
-        if self.profile_steps is not None:
-            out["profile_steps"] = list(self.profile_steps)
+        for name in ("profile_steps", "rollback_lr", "rollback_limit"):
+            if getattr(self, name) is not None:
+                out[name] = list(getattr(self, name))
         return out
 
     @classmethod
@@ -141,6 +165,8 @@ class RunConfig:
             raise ConfigError("the run's config must be a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
+        if isinstance(values.get("rollback_lr"), list) and values["rollback_lr"] and type(values["rollback_lr"][0]) is int:
+            values["rollback_lr"] = [float(values["rollback_lr"][0]), *values["rollback_lr"][1:]]
         for name in ("stall_seconds", "flush_interval", "clip", "lr_scale", "checkpoint_every_s", "overhead_budget"):
             if isinstance(values.get(name), int) and not isinstance(values[name], bool):
                 values[name] = float(values[name])

@@ -114,6 +114,40 @@ class Anomaly(EventData):
 
 @kind
 @dataclass(frozen=True)
+class Rollback(EventData):
+    """``--on-anomaly rollback``: the state of ``to_step`` was put back at ``step`` because of
+    ``why`` (first seen at ``from_step``), ``skipped`` batches' updates undone; or (with
+    ``limit``) too many rollbacks, and the run paused or stopped (``action``); or (``lr_scale``
+    alone) the LR factor lowered after one came back."""
+
+    kind: ClassVar[str] = "rollback"
+    step: int | None = None
+    from_step: int | None = None
+    to_step: int | None = None
+    why: str | None = None
+    skipped: int | None = None
+    lr_scale: float | None = None
+    limit: int | None = None
+    within: int | None = None
+    action: str | None = None
+
+
+@kind
+@dataclass(frozen=True)
+class Snapshot(EventData):
+    """The state kept in host memory for rollbacks: its ``bytes``, the ``seconds`` a refresh
+    took, every how many steps, and the ``limit`` of ``--rollback-memory``."""
+
+    kind: ClassVar[str] = "snapshot"
+    step: int | None = None
+    bytes: int | None = None
+    seconds: float | None = None
+    every: int | None = None
+    limit: int | None = None
+
+
+@kind
+@dataclass(frozen=True)
 class Stall(EventData):
     """No rank made a step for a while: ``ranks`` are the ones named as the cause (empty when
     every rank waits at the same step); ``ended`` once every rank makes steps again."""

@@ -1,0 +1,397 @@
+"""``--on-anomaly rollback``: keep the last good state in host memory and go back to it.
+
+Every K steps the step's end copies the training state into a host snapshot (snapshot.py).
+It is *good* once every step up to it is known sound: at once on CPU (each step's loss and
+gradient norm are judged before its update, for nothing); on a GPU once the flusher has
+judged the rows it moves to the host anyway (meanwhile the one before stays: two copies);
+under DDP once every rank says so at a command exchange (hub.py), so that every rank
+promotes, and rolls back, at the same exchange. A bad step (non-finite, or a spike:
+spikes.py) has the good snapshot restored in place and the update under way dropped; the
+script's loop goes on with its next batches. See docs/rollback.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Callable
+
+import torch
+
+from .shared import events
+from .shared.names import GRAD_NORM, LOSS
+from .shared.protocol import Command
+from .snapshot import Snapshot, side_sources
+from .spikes import WARMUP, Window
+
+MIN_EVERY = 10
+"""Steps between refreshes at least, when ``--rollback-every`` is not given."""
+DDP_EVERY = 100
+"""Steps between refreshes under DDP without ``--rollback-every``: every rank must refresh
+at the same steps, so the period cannot follow each rank's own timing."""
+BUDGET_SHARE = 0.5
+"""The share of the overhead budget the refreshes may take (the rest is the statistics')."""
+
+
+def default_memory() -> int:
+    """Host bytes the snapshots may take by default: a quarter of the machine's memory."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e3:.1f} kB" if n < 1e6 else f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+
+
+class Rollback:
+    """The snapshots, the spike limits and the decision to roll back (module docstring).
+
+    ``discovery`` finds the script's objects; ``journal`` journals; ``settings`` holds the
+    LR factor; ``submit(command)`` queues a pause or a stop; ``dist`` is the rank channel;
+    ``budget_pct`` the overhead budget; ``unattended``: a pause would only time out.
+    """
+
+    def __init__(self, config, discovery, journal, settings, submit: Callable[[Command], None], dist,
+                 unattended: bool) -> None:
+        self._discovery, self._journal, self._settings, self._submit = discovery, journal, settings, submit
+        self._dist, self._unattended = dist, unattended
+        self._fixed_every = config.rollback_every
+        self.every = config.rollback_every or MIN_EVERY
+        self._budget = config.overhead_budget / 100.0
+        self.memory = config.rollback_memory or default_memory()
+        self._lr = config.rollback_lr
+        self._limit = config.rollback_limit
+        self.acting = config.on_anomaly == "rollback"
+        """Whether anomalies roll back by themselves (else only the ``rollback`` command does)."""
+        self.good: Snapshot | None = None
+        self.pending: Snapshot | None = None
+        self._spare: Snapshot | None = None
+        self._stream = None
+        self.off: str | None = None
+        """Why no snapshot is kept (too big, ranks without ptdash), or None."""
+        self._noted = False
+        self.refresh_s = 0.0
+        self.loss = Window()
+        self.norm = Window()
+        self.loss_max = math.inf
+        """The spike limit of the loss, read by the training thread (inf: nothing judged yet)."""
+        self.at_step = False
+        """Whether every step is judged before its update (the state is on CPU)."""
+        self.judging = False
+        """Whether the training thread judges spikes (rolling back by itself, on CPU)."""
+        self.state = None
+        """The step boundary's shared state (stepstate.py), told the loss's spike limit."""
+        self.verified = 0
+        """The step up to which the flusher found every step sound (GPU)."""
+        self.wanted: tuple[int, str] | None = None
+        """A rollback asked for by the flusher or by this rank's vote: (first bad step, why)."""
+        self.due = False
+        """Something for the next step boundary: a rollback, or a CUDA copy to fence."""
+        self._fence: Snapshot | None = None
+        self._excluded: list[list[float]] = []
+        """[first, last] step ranges whose rows are left out of the windows (rolled back)."""
+        self._times: list[int] = []
+        self._lr_until: int | None = None
+        self._lr_base = 1.0
+        self.count = 0
+        self._early: list[float] = []
+        self._next = self.every
+        self._aligned = bool(config.rollback_every) or dist.multi
+        """Refreshes at multiples of ``every`` (every rank at the same steps), else ``every``
+        steps after the last one (the period follows the measured cost)."""
+
+    @classmethod
+    def for_run(cls, config, discovery, journal, settings, controls, anomalies, hooks, dist) -> Rollback | None:
+        """The part a run's config asks for, wired to the parts that call it; None when it keeps no snapshot."""
+        if config.on_anomaly != "rollback" and not config.rollback_every:
+            return None
+        part = cls(config, discovery, journal, settings, controls.submit, dist, config.pause_timeout is not None)
+        part.state = hooks.state
+        part.step_seconds = lambda: hooks.state.last_step_s
+        controls.rollback = anomalies.rollback = hooks.pre.rollback = part
+        return part
+
+    @property
+    def local(self) -> bool:
+        """Whether this process decides alone (no rank channel)."""
+        return not self._dist.ready
+
+    # ------------------------------------------------------------- training thread
+
+    def step_end(self, step: int) -> bool:
+        """After each main step: refresh when due, promote a verified snapshot, end a lowered
+        LR. Returns whether the controls have something for the next boundary."""
+        if self._lr_until is not None and step >= self._lr_until:
+            self._end_lr(step)
+        if self.judging and self.loss.limit == math.inf:
+            self._warm_up(step)
+        if self.pending is not None and self.local and self.pending.step <= self.verified and self.pending.ready():
+            self._promote()
+        if self.off is None and step > 0 and (step % self.every == 0 if self._aligned else step >= self._next):
+            self._refresh(step)
+            self._next = step + self.every
+        return self.due
+
+    def _warm_up(self, step: int) -> None:
+        """Until the flusher has a limit for the loss, the training thread takes one from the
+        losses it sees at the steps' ends (CPU floats): fast steps are judged from the
+        WARMUP-th step on, not from the first flush, which may come hundreds of steps later."""
+        if self.state is None or self._left_out(step):
+            return
+        for loss in self.state.ended_losses:
+            value = loss if type(loss) is float else loss.item() if loss.is_cpu else None
+            if value is not None and math.isfinite(value):
+                self._early.append(value)
+        if len(self._early) >= WARMUP and step % 8 == 0:
+            self.loss.early(self._early[-WARMUP * 4:])
+            self.loss_max = self.state.loss_max = self.loss.limit
+
+    def _refresh(self, step: int) -> None:
+        d = self._discovery
+        models = d.ensure_models()
+        optimizers = d.live(d.optimizers)
+        if not models or not optimizers:
+            return
+        if self._dist.multi and not self._dist.ready:
+            self._stop_keeping("some ranks run without ptdash, so they could not roll back with the others")
+            return
+        t0 = time.perf_counter()
+        structure, sources = Snapshot.gather(models, optimizers, d.top_schedulers(), d.live(d.scalers))
+        cuda = any(t.device.type == "cuda" for t in sources)
+        self.at_step = not cuda
+        self.judging = self.acting and self.at_step
+        immediate = self.at_step and self.local
+        needed = Snapshot.needed(sources) * (1 if immediate else 2)
+        if needed > self.memory:
+            self._stop_keeping(f"the state takes {_mb(needed)} of host memory"
+                               f"{'' if immediate else ' (two copies)'}, over --rollback-memory {_mb(self.memory)}")
+            return
+        if cuda and self._stream is None:
+            self._stream = torch.cuda.Stream()
+        if immediate:
+            target = self.good = self.good or Snapshot()
+        else:
+            target = self.pending or self._spare or Snapshot()
+            self.pending, self._spare = target, None
+        target.take(step, structure, sources, self._stream if cuda else None, side=side_sources(models, structure, sources))
+        if cuda:
+            if len(optimizers) > 1:
+                target.fence()  # another optimizer updates after this step's end: wait now
+            else:
+                self._fence, self.due = target, True  # before the next update (its boundary)
+        seconds = time.perf_counter() - t0
+        self.refresh_s = seconds if not self.refresh_s else 0.8 * self.refresh_s + 0.2 * seconds
+        self._period()
+        if not self._noted:
+            self._noted = True
+            self._journal.event(events.Snapshot(step=step, bytes=needed, seconds=seconds, every=self.every,
+                                                limit=self.memory),
+                                f"rollback: the state of step {step} is kept in host memory: {_mb(needed)}"
+                                f"{'' if immediate else ' (two copies)'}, {seconds * 1e3:.1f} ms a refresh, "
+                                f"every {self.every} steps (--rollback-memory {_mb(self.memory)})")
+
+    def _period(self) -> None:
+        """Steps between refreshes: --rollback-every, DDP_EVERY, or what the budget affords."""
+        if self._fixed_every:
+            return
+        if self._dist.multi:
+            self.every = DDP_EVERY
+            return
+        step_s = self.step_seconds()
+        if step_s > 0 and self._budget > 0:
+            self.every = max(MIN_EVERY, math.ceil(self.refresh_s / (BUDGET_SHARE * self._budget * step_s)))
+
+    step_seconds: Callable[[], float] = staticmethod(lambda: 0.0)
+    """The recent step time (the engine sets it)."""
+
+    def _promote(self) -> None:
+        self.good, self._spare, self.pending = self.pending, self.good, None
+
+    def _stop_keeping(self, why: str) -> None:
+        self.off = why
+        self.judging = False
+        if self.state is not None:
+            self.state.loss_max = math.inf
+        self.good = self.pending = self._spare = None
+        self._journal.event(events.Warned(text=why), f"rollback off: {why}; an anomaly pauses the run instead")
+
+    def judge(self, losses: list, norm: float | None) -> str | None:
+        """Why the step whose CPU ``losses`` and gradient ``norm`` (read already, or None) are
+        given is a spike, or None (training thread, before its update; reads CPU values only)."""
+        if not self.at_step:
+            return None
+        for loss in losses:
+            value = loss if type(loss) is float else loss.item() if loss.is_cpu else None
+            if value is not None and value > self.loss.limit:
+                return f"loss spike: {value:.4g} over the limit {self.loss.limit:.4g} of its recent values"
+        if norm is not None and norm > self.norm.limit:
+            return f"gradient norm spike: {norm:.4g} over the limit {self.norm.limit:.4g} of its recent values"
+        return None
+
+    def before_update(self, step: int, why: str) -> None:
+        """A bad step found before its update (CPU): roll back now, or (DDP) vote for it and
+        let the exchange decide. The update under way is dropped when alone."""
+        self._exclude(step)
+        if not self.local:
+            if self.wanted is None:
+                self.wanted = (step, why)
+            return
+        self.restore(step, step, why)
+
+    def at_boundary(self, step: int) -> None:
+        """The step boundary before step ``step + 1``'s update: fence a CUDA copy, and roll
+        back when the flusher asked (alone)."""
+        self.due = False
+        if self._fence is not None:
+            self._fence.fence()
+            self._fence = None
+        if self.wanted is not None and self.local:
+            first, why = self.wanted
+            self.restore(step + 1, first, why)
+
+    def command(self, step: int) -> tuple[bool, str]:
+        """The ``rollback`` command (dashboard, ``ptdash ctl``): roll back now."""
+        if self.good is None:
+            return False, self._nothing()
+        self.restore(step + 1, step + 1, "asked for")
+        return True, f"rolled back to step {self.good.step}"
+
+    def _nothing(self) -> str:
+        if self.off:
+            return f"nothing to roll back to: {self.off}"
+        return f"nothing to roll back to yet: the first snapshot is taken at step {self.every}"
+
+    def restore(self, step: int, first: int, why: str) -> None:
+        """Put the good state back and drop the gradients of the update of ``step``."""
+        self.wanted = None
+        if self.pending is not None:  # taken after the bad step, perhaps: never promoted
+            self._spare, self.pending = self.pending, None
+        self._close_exclusion(first, step)
+        d = self._discovery
+        optimizers = d.live(d.optimizers)
+        good = self.good
+        if good is None:
+            self._drop_grads(optimizers)
+            self._journal.event(events.Rollback(step=step, from_step=first, why=why, skipped=1),
+                                f"{why} at step {first}; {self._nothing()}: the update of step {step} is skipped")
+            return
+        try:
+            good.restore(d.ensure_models(), optimizers, d.top_schedulers(), d.live(d.scalers))
+        except ValueError as exc:
+            self._drop_grads(optimizers)
+            self._stop_keeping(str(exc))
+            return
+        self._drop_grads(optimizers)
+        skipped = step - good.step
+        self.count += 1
+        self._times = [s for s in self._times if s > step - self._limit[1]] + [step]
+        lowered = self._lower_lr(step)
+        self._journal.event(events.Rollback(step=step, from_step=first, to_step=good.step, why=why, skipped=skipped,
+                                            lr_scale=self._settings.lr_scale if lowered else None),
+                            f"{why} at step {first}: rolled back to step {good.step}, {skipped} batch"
+                            f"{'es' if skipped != 1 else ''} skipped" + (f"; LR factor {self._settings.lr_scale:g} "
+                                                                         f"until step {self._lr_until}" if lowered else ""))
+        if len(self._times) > self._limit[0]:
+            self._times = []
+            n, m = self._limit
+            what = "stop" if self._unattended else "pause"
+            self._journal.event(events.Rollback(step=step, limit=n, within=m, action=what),
+                                f"more than {n} rollbacks within {m} steps: {what}ping instead of rolling back again")
+            self._submit(Command(id=f"rollback-limit-{step}", name=what))
+
+    @staticmethod
+    def _drop_grads(optimizers) -> None:
+        for opt in optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    p.grad = None  # the optimizer skips parameters without gradients
+
+    def _lower_lr(self, step: int) -> bool:
+        if self._lr is None:
+            return False
+        factor, steps = self._lr
+        s = self._settings
+        if self._lr_until is None:
+            self._lr_base = s.lr_scale
+        s.lr_scale = max(1e-6, self._lr_base * factor)
+        self._lr_until = step + steps
+        self._journal.set_state(None)
+        return True
+
+    def _end_lr(self, step: int) -> None:
+        s, until, self._lr_until = self._settings, self._lr_until, None
+        factor = self._lr[0]
+        if s.lr_scale == max(1e-6, self._lr_base * factor):  # not changed by a command meanwhile
+            s.lr_scale = self._lr_base
+            self._journal.set_state(None)
+            self._journal.event(events.Rollback(step=step, lr_scale=s.lr_scale),
+                                f"LR factor back to {s.lr_scale:g} at step {step}, {until - step + self._lr[1]} "
+                                "steps after the rollback")
+
+    # ------------------------------------------------------------ DDP (training thread)
+
+    def vote(self, step: int) -> list:
+        """What this rank says at the exchange of step ``step``: ``[why or None, verified step]``
+        (on CPU every step so far was judged before its update)."""
+        why = None if self.wanted is None else f"rank {self._dist.rank}: {self.wanted[1]} at step {self.wanted[0]}"
+        return [why, step if self.at_step else self.verified]
+
+    def agreed(self, verdict: list, step: int) -> None:
+        """The exchange's verdict, the same on every rank: roll back, or promote."""
+        why, through = verdict
+        if why:
+            first = self.wanted[0] if self.wanted is not None else step + 1
+            self.restore(step + 1, first, why)
+        elif self.pending is not None and through is not None and self.pending.step <= through:
+            if self.pending.done is not None:
+                self.pending.done.synchronize()  # issued an exchange ago: long landed; every rank promotes
+            self._promote()
+
+    # ------------------------------------------------------------ flusher thread
+
+    def observe(self, rows: list) -> None:
+        """A flush's rows: judge the steps not judged before their update (GPU), keep the
+        good values in the windows, and update the limits."""
+        for step, _wall, values in rows:
+            if self._left_out(step):
+                continue
+            loss, norm = values.get(LOSS), values.get(GRAD_NORM)
+            nonfinite = (LOSS in values and loss is None) or (GRAD_NORM in values and norm is None)
+            if self.acting and not self.at_step and self.wanted is None:
+                why = "non-finite loss or gradient" if nonfinite else \
+                    f"loss spike: {loss:.4g} over the limit {self.loss.limit:.4g}" if loss is not None and \
+                    self.loss.over(loss) else f"gradient norm spike: {norm:.4g} over the limit {self.norm.limit:.4g}" \
+                    if norm is not None and self.norm.over(norm) else None
+                if why is not None:
+                    self._exclude(step)
+                    self.wanted, self.due = (step, why), True
+                    continue
+            if nonfinite:
+                continue
+            if loss is not None:
+                self.loss.add(loss)
+            if norm is not None:
+                self.norm.add(norm)
+            self.verified = step
+        self.loss_max = self.loss.update() if self.judging else math.inf
+        self.norm.update()
+        if self.state is not None and self.off is None:
+            self.state.loss_max = self.loss_max
+
+    def _exclude(self, first: int) -> None:
+        """Leave out the rows from ``first`` on, until the rollback closes the range."""
+        if not self._excluded or self._excluded[-1][1] != math.inf:
+            self._excluded.append([first, math.inf])
+
+    def _close_exclusion(self, first: int, last: int) -> None:
+        if self._excluded and self._excluded[-1][1] == math.inf:
+            self._excluded[-1] = [min(first, self._excluded[-1][0]), last]
+        else:
+            self._excluded.append([first, last])
+        self._excluded = self._excluded[-16:]
+
+    def _left_out(self, step: int) -> bool:
+        return any(lo <= step <= hi for lo, hi in self._excluded)

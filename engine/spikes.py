@@ -1,0 +1,75 @@
+"""Whether a step's loss or gradient norm is a spike: far outside its own recent noise.
+
+A value is judged against a rolling window of the good values before it: its median plus
+``SPIKE_Z`` robust deviations (1.4826 x the median absolute deviation, at least
+``FLOOR`` x the median's size), and ``TAIL`` times as far above the median as the
+window's highest value, whichever is higher. A falling loss (warm-up) keeps its median
+above the new values, and a heavy-tailed one (reinforcement learning, where a few batches
+in a hundred are 5x the median) sets its own highest value, so neither trips it; a ratio to a running average (3x)
+trips on both. A bad shard's batch, orders of magnitude off, trips it. Only values above count: a loss that
+drops is never a spike. Pure Python, no torch: the flusher updates the limits from host
+values, and the training thread compares a float with them.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+SPIKE_Z = 8.0
+"""Robust deviations above the window's median that make a spike."""
+FLOOR = 0.1
+"""The spread is taken as at least this share of the median's size: a flat loss whose
+noise is tiny does not make every small bump a spike."""
+TAIL = 3.0
+"""A spike is also this many times as far above the median as the window's highest value."""
+WINDOW = 256
+"""Good values the limits are taken over."""
+WARMUP = 32
+"""Good values needed before anything is judged a spike (a non-finite value always is)."""
+
+
+def limit(values) -> float:
+    """The value above which one is a spike, given the good ``values`` before it (inf when
+    there are fewer than WARMUP)."""
+    if len(values) < WARMUP:
+        return math.inf
+    ordered = sorted(values)
+    median = _median(ordered)
+    mad = _median(sorted(abs(v - median) for v in ordered))
+    spread = max(1.4826 * mad, FLOOR * abs(median), 1e-12)
+    return max(median + SPIKE_Z * spread, median + TAIL * (ordered[-1] - median))
+
+
+def _median(ordered: list[float]) -> float:
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+class Window:
+    """The recent good values of one series and the limit they set."""
+
+    def __init__(self, size: int = WINDOW) -> None:
+        self.values: collections.deque[float] = collections.deque(maxlen=size)
+        self.limit = math.inf
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+
+    def update(self) -> float:
+        """Take the limit from the values so far (the flusher, once a flush); one set before
+        (by ``early``) stays until this window has values enough to judge."""
+        found = limit(self.values)
+        if found < math.inf:
+            self.limit = found
+        return self.limit
+
+    def early(self, values: list[float]) -> None:
+        """A first limit from ``values`` (the training thread, before the flusher has one)."""
+        found = limit(values)
+        if found < self.limit:
+            self.limit = found
+
+    def over(self, value: float) -> bool:
+        return value > self.limit
