@@ -23,6 +23,7 @@ from typing import Callable
 import torch.distributed as dist
 
 from .link import HubNotListening, Link, LinkError, describe
+from .shared import events
 from .shared.protocol import Command, Message
 from .shared.wire import to_dict
 
@@ -41,13 +42,23 @@ only a hub that is gone makes it wait this long."""
 _RETRY_SECONDS = 0.05
 
 
-def _verdict(value) -> list | None:
-    """A rollback verdict as the hub sent it, checked: ``[why (str) or None, step (int) or None]``."""
-    if not isinstance(value, list) or len(value) != 2:
+def verdict(votes) -> list | None:
+    """The rollback verdict of a round, from every rank's vote ``[why or None, good through,
+    first bad step or None]`` (rollback.py), the same on every rank: the first reason any rank
+    gave and the earliest bad step (every rank rolls back), and the lowest step every rank
+    found sound (every rank may keep a snapshot up to it). None when no rank voted."""
+    if not isinstance(votes, list):
         return None
-    why, through = value
-    return [why if isinstance(why, str) else None,
-            through if isinstance(through, int) and not isinstance(through, bool) else None]
+    votes = [v for v in votes if isinstance(v, list) and len(v) == 3]
+    if not votes:
+        return None
+
+    def steps(i: int) -> list[int]:
+        return [v[i] for v in votes if isinstance(v[i], int) and not isinstance(v[i], bool)]
+
+    whys = sorted(str(v[0]) for v in votes if v[0])
+    good = steps(1)
+    return [whys[0] if whys else None, min(good) if len(good) == len(votes) else None, min(steps(2), default=None)]
 
 
 def env_rank() -> tuple[int, int, int]:
@@ -196,8 +207,9 @@ class Distributed:
         t0 = time.perf_counter()
         self.verdict = None
         if self.hub is not None:
-            commands, next_step, self.verdict = self.hub.exchange(self.rank, step, step_seconds, self._last_cost,
-                                                                  hold, barrier, vote)
+            commands, next_step, votes = self.hub.exchange(self.rank, step, step_seconds, self._last_cost,
+                                                           hold, barrier, vote)
+            self.verdict = verdict(votes)
         else:
             try:
                 answer = self.link.request({"arrive": step, "s": step_seconds, "cost": self._last_cost,
@@ -209,7 +221,7 @@ class Distributed:
                 return []
             commands = [Command(id=i or "", name=n, value=v) for i, n, v in answer["commands"]]
             next_step = int(answer["next"])
-            self.verdict = _verdict(answer.get("verdict"))
+            self.verdict = verdict(answer.get("votes"))
         elapsed = time.perf_counter() - t0
         if not hold:
             self._last_cost = elapsed
@@ -218,6 +230,13 @@ class Distributed:
         if not barrier:
             self.next_exchange = next_step
         return commands
+
+    def cost_note(self, steps: int) -> tuple[events.RunNote, str]:
+        """The event that says what the command exchanges cost over a run of ``steps`` steps."""
+        return (events.RunNote(exchanges=self.exchanges, seconds=self.exchange_seconds, steps=steps),
+                f"rank channel: {self.exchanges} command exchanges over {steps} steps, "
+                f"{self.exchange_seconds / self.exchanges * 1e3:.2f} ms each, "
+                f"{self.exchange_seconds / steps * 1e6:.0f} us per step on average")
 
     def barrier(self) -> None:
         if self.channel:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from . import link, nodes, system
+from . import link, nodes, rollback, system
 from .anomalies import Anomalies
 from .budget import Budget
 from .checkpoint import Checkpointer
@@ -45,7 +45,6 @@ from .printed import PrintedMetrics
 from .profiling import Profiler
 from .ranks import RankCollector, push_interval
 from .recorder import Recorder
-from .rollback import Rollback
 from .shared import events, rundir
 from .shared.config import RunConfig
 from .shared.limits import check_setting
@@ -121,9 +120,8 @@ class Engine:
                            self.user_values, self.journal, self.budget, self._first_step, self._discovered,
                            self._step_end)
         self.controls.lr_refusal = lambda: NO_OPTIMIZER if self.hooks.inferred.optimizer_less() else None
-        self.rollback = Rollback.for_run(config, self.discovery, self.journal, self.settings, self.controls,
-                                         self.anomalies, self.hooks, self.dist)
-        """``--on-anomaly rollback`` (or ``--rollback-every``): the last good state, kept (rollback.py); or None."""
+        self.rollback = rollback.Rollback.for_run(config, self.discovery, self.journal, self.settings,
+                                                  self.controls, self.anomalies, self.hooks, self.dist)
         self.naming = LayerNaming(self.discovery)
         self._patches = Patches()
         """The engine's own patches (the resumed run's scheduler guard)."""
@@ -277,11 +275,7 @@ class Engine:
         self._patches.undo()
         dist = self.dist
         if dist.ready and dist.rank == 0 and dist.exchanges:
-            steps = max(1, self.hooks.step - self.start_step)
-            self.journal.event(events.RunNote(exchanges=dist.exchanges, seconds=dist.exchange_seconds, steps=steps),
-                               f"rank channel: {dist.exchanges} command exchanges over {steps} steps, "
-                               f"{dist.exchange_seconds / dist.exchanges * 1e3:.2f} ms each, "
-                               f"{dist.exchange_seconds / steps * 1e6:.0f} us per step on average")
+            self.journal.event(*dist.cost_note(max(1, self.hooks.step - self.start_step)))
         if state == "finished" and self.journal.leader_ended == "stopped":
             state = "stopped"  # rank 0 in another process was stopped; then the script ended
         self.journal.set_state(state, exit_code=exit_code, detail=detail)

@@ -20,8 +20,7 @@ the ranks agree on commands through it:
   paused, the hub holds the exchange open until a command comes (or half a second), so a
   resume takes effect at once and no collective of the script times out.
 
-A rank in this process uses the hub directly; ranks in other processes reach it over the
-rank link (link.py). Nothing goes through the job's TCP store.
+Ranks in this process call the hub, the others use the rank link (link.py); never the TCP store.
 """
 
 from __future__ import annotations
@@ -90,25 +89,12 @@ def spacing_steps(step_seconds: float, cost_seconds: float) -> int:
     return max(1, min(MAX_EVERY, int(spacing / step_seconds)))
 
 
-def verdict(arrivals: list[tuple]) -> list | None:
-    """The rollback verdict of a round, from each rank's vote ``[why or None, good through]``:
-    the first reason any rank gave (every rank rolls back), and the lowest step every rank
-    found sound (every rank may keep a snapshot up to it). None when no rank voted."""
-    votes = [a[5] for a in arrivals if isinstance(a[5], list) and len(a[5]) == 2]
-    if not votes:
-        return None
-    whys = sorted(str(v[0]) for v in votes if v[0])
-    steps = [v[1] for v in votes if isinstance(v[1], int) and not isinstance(v[1], bool)]
-    return [whys[0] if whys else None, min(steps) if len(steps) == len(votes) else None]
-
-
 class Hub:
     """Registration, the channel decision and the command exchange (see the module docstring).
 
-    ``take_commands(n)`` pops up to n queued commands, ``queued()`` counts them;
-    ``on_data(rank, payload)`` takes what
-    a rank's flusher sent; ``on_publish(rank, msg)`` takes a message rank 0 publishes
-    (status, acks, live layer records) when rank 0 is in another process; ``event(data,
+    ``take_commands(n)`` pops up to n queued commands, ``queued()`` counts them; ``on_data(rank,
+    payload)`` takes what a rank's flusher sent; ``on_publish(rank, msg)`` takes a message rank 0
+    publishes (status, acks, live layer records) when rank 0 is in another process; ``event(data,
     message)`` journals (events.py).
     """
 
@@ -189,10 +175,8 @@ class Hub:
                 commands, next_step, verdict = self.exchange(
                     rank, int(request["arrive"]), float(request.get("s") or 0.0), float(request.get("cost") or 0.0),
                     bool(request.get("hold")), bool(request.get("barrier")), request.get("vote"))
-                answer = {"commands": [[c.id, c.name, c.value] for c in commands], "next": next_step}
-                if verdict is not None:  # a round with votes (rollback.py)
-                    answer["verdict"] = verdict
-                conn.send(answer)
+                conn.send({"commands": [[c.id, c.name, c.value] for c in commands], "next": next_step,
+                           **({"votes": verdict} if verdict is not None else {})})  # votes: rollback.py
             else:
                 raise ValueError(f"unknown request {sorted(request)[:3]}")
 
@@ -359,9 +343,8 @@ class Hub:
     def exchange(self, rank: int, step: int, step_seconds: float, cost: float, hold: bool,
                  barrier: bool = False, vote=None) -> tuple[list[Command], int, list | None]:
         """Wait until every participant arrived, then return the round's commands (the
-        same for all), the step of the next exchange and the rollback verdict. ``barrier``:
-        a round that hands out no commands (a checkpoint's barrier). ``vote``: the rank's
-        ``[why or None, good through]`` on rolling back (rollback.py)."""
+        same for all), the step of the next exchange and every rank's ``vote`` (rollback.py).
+        ``barrier``: a round that hands out no commands or votes (a checkpoint's barrier)."""
         with self._cond:
             participants = self.participants or frozenset({rank})
             if rank not in participants:
@@ -403,7 +386,8 @@ class Hub:
         if costs:
             self._costs = (self._costs + [min(costs)])[-16:]
         cost = sorted(self._costs)[len(self._costs) // 2] if self._costs else 0.0
-        self._result = (commands, step + spacing_steps(slowest, cost), None if barrier else verdict(arrivals))
+        votes = None if barrier else [a[5] for a in arrivals if a[5]] or None  # rollback.py's, when any voted
+        self._result = (commands, step + spacing_steps(slowest, cost), votes)
         self._arrived = {}
         self._round += 1
         self.exchanges += 1

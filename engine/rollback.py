@@ -38,7 +38,7 @@ def default_memory() -> int:
     """Host bytes the snapshots may take by default: a quarter of the machine's memory."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
-    except (ValueError, OSError, AttributeError):
+    except (ValueError, OSError, AttributeError):  # no sysconf here: 4 GiB
         return 4 << 30
 
 
@@ -76,8 +76,6 @@ class Rollback:
         self.refresh_s = 0.0
         self.loss = Window()
         self.norm = Window()
-        self.loss_max = math.inf
-        """The spike limit of the loss, read by the training thread (inf: nothing judged yet)."""
         self.at_step = False
         """Whether every step is judged before its update (the state is on CPU)."""
         self.judging = False
@@ -96,8 +94,9 @@ class Rollback:
         self._times: list[int] = []
         self._lr_until: int | None = None
         self._lr_base = 1.0
-        self.count = 0
         self._early: list[float] = []
+        self._dropped = -1
+        """The step whose update the last rollback dropped."""
         self._next = self.every
         self._aligned = bool(config.rollback_every) or dist.multi
         """Refreshes at multiples of ``every`` (every rank at the same steps), else ``every``
@@ -147,7 +146,7 @@ class Rollback:
                 self._early.append(value)
         if len(self._early) >= WARMUP and step % 8 == 0:
             self.loss.early(self._early[-WARMUP * 4:])
-            self.loss_max = self.state.loss_max = self.loss.limit
+            self.state.loss_max = self.loss.limit
 
     def _refresh(self, step: int) -> None:
         d = self._discovery
@@ -234,6 +233,8 @@ class Rollback:
     def before_update(self, step: int, why: str) -> None:
         """A bad step found before its update (CPU): roll back now, or (DDP) vote for it and
         let the exchange decide. The update under way is dropped when alone."""
+        if step == self._dropped:
+            return  # a step whose update a rollback at its boundary dropped: its values are the ruined state's
         self._exclude(step)
         if not self.local:
             if self.wanted is None:
@@ -266,7 +267,7 @@ class Rollback:
 
     def restore(self, step: int, first: int, why: str) -> None:
         """Put the good state back and drop the gradients of the update of ``step``."""
-        self.wanted = None
+        self.wanted, self._dropped = None, step
         if self.pending is not None:  # taken after the bad step, perhaps: never promoted
             self._spare, self.pending = self.pending, None
         self._close_exclusion(first, step)
@@ -286,7 +287,6 @@ class Rollback:
             return
         self._drop_grads(optimizers)
         skipped = step - good.step
-        self.count += 1
         self._times = [s for s in self._times if s > step - self._limit[1]] + [step]
         lowered = self._lower_lr(step)
         self._journal.event(events.Rollback(step=step, from_step=first, to_step=good.step, why=why, skipped=skipped,
@@ -334,17 +334,17 @@ class Rollback:
     # ------------------------------------------------------------ DDP (training thread)
 
     def vote(self, step: int) -> list:
-        """What this rank says at the exchange of step ``step``: ``[why or None, verified step]``
-        (on CPU every step so far was judged before its update)."""
-        why = None if self.wanted is None else f"rank {self._dist.rank}: {self.wanted[1]} at step {self.wanted[0]}"
-        return [why, step if self.at_step else self.verified]
+        """What this rank says at the exchange of step ``step``: ``[why or None, verified step,
+        first bad step or None]`` (on CPU every step so far was judged before its update)."""
+        why, first = (None, None) if self.wanted is None else (f"rank {self._dist.rank}: {self.wanted[1]}",
+                                                                 self.wanted[0])
+        return [why, step if self.at_step else self.verified, first]
 
     def agreed(self, verdict: list, step: int) -> None:
         """The exchange's verdict, the same on every rank: roll back, or promote."""
-        why, through = verdict
+        why, through, first = verdict
         if why:
-            first = self.wanted[0] if self.wanted is not None else step + 1
-            self.restore(step + 1, first, why)
+            self.restore(step + 1, first if first is not None else step + 1, why)
         elif self.pending is not None and through is not None and self.pending.step <= through:
             if self.pending.done is not None:
                 self.pending.done.synchronize()  # issued an exchange ago: long landed; every rank promotes
@@ -376,10 +376,10 @@ class Rollback:
             if norm is not None:
                 self.norm.add(norm)
             self.verified = step
-        self.loss_max = self.loss.update() if self.judging else math.inf
+        limit = self.loss.update() if self.judging else math.inf
         self.norm.update()
         if self.state is not None and self.off is None:
-            self.state.loss_max = self.loss_max
+            self.state.loss_max = limit
 
     def _exclude(self, first: int) -> None:
         """Leave out the rows from ``first`` on, until the rollback closes the range."""

@@ -34,7 +34,7 @@ from ptdash.shared.config import ConfigError, RunConfig
 from ptdash.shared.exits import shell_status
 from ptdash.shared.protocol import TransportError
 
-from . import checks, nodeopts, runs, subcommands
+from . import checks, nodeopts, options, runs, subcommands
 from .ctl import cmd_ctl
 from .errors import CliError
 from .headless import headless, say
@@ -42,7 +42,6 @@ from .ls import cmd_ls
 from .nodefront import follow_node
 from .options import (
     NO_TERMINAL_PAUSE_TIMEOUT,
-    add_rollback_arguments,
     count_arg,
     duration_arg,
     every_arg,
@@ -88,11 +87,7 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="the run's length in optimizer steps, for the total and ETA when its schedule "
                         "does not say (display only)")
     p.add_argument("--resume", type=Path, metavar="CKPT", help="resume from a ptdash checkpoint")
-    p.add_argument("--on-anomaly", choices=("pause", "skip", "warn", "rollback"), default="pause",
-                   help="on a non-finite loss or gradient: pause before the update (default), skip the "
-                        "update, only warn, or roll back to the last good state (a loss or gradient-norm "
-                        "spike rolls back too)")
-    add_rollback_arguments(p)
+    options.add_anomaly_arguments(p)
     p.add_argument("--pause-timeout", type=duration_arg, metavar="DURATION",
                    help="stop cleanly (with a checkpoint) when a pause lasts DURATION with nobody resuming it: "
                         "seconds, or 30m, 2h; 'none' waits for ever (default: 30m for a headless run with no "

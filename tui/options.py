@@ -129,8 +129,11 @@ def limit_arg(text: str) -> tuple[int, int]:
     return n, m
 
 
-def add_rollback_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``--on-anomaly rollback`` (docs/rollback.md)."""
+def add_anomaly_arguments(p: argparse.ArgumentParser) -> None:
+    """``--on-anomaly`` and the options of its rollback (docs/rollback.md)."""
+    p.add_argument("--on-anomaly", choices=("pause", "skip", "warn", "rollback"), default="pause",
+                   help="on a non-finite loss or gradient: pause before the update (default), skip the "
+                        "update, only warn, or roll back to the last good state (a spike too)")
     p.add_argument("--rollback-every", type=count_arg(1), metavar="K",
                    help="refresh the rollback snapshot every K steps (default: as often as the overhead "
                         "budget affords, at least every 10; 100 under DDP)")

@@ -72,3 +72,25 @@ def test_the_lr_is_lowered_for_a_while_and_too_many_rollbacks_stop_an_unattended
     assert limit.data["limit"] == 1 and limit.data["action"] == "stop"
     from ptdash.shared import rundir
     assert rundir.read_info(tmp_path / "run").status == "stopped", result.stdout[-2000:]
+
+
+def test_two_ddp_ranks_roll_back_together_and_stay_identical(tmp_path):
+    import torch
+
+    result = ptdash("--headless", "--run-dir", "run", "--nproc-per-node", "2", "--on-anomaly", "rollback",
+                    "--rollback-every", "10", str(SCRIPTS / "ddp_wild.py"), cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    events = _events(tmp_path / "run", "rollback")
+    by_rank = {e.rank: e for e in events}
+    assert sorted(by_rank) == [0, 1] and len(events) == 2, [(e.rank, e.message) for e in events]
+    zero, one = by_rank[0].data, by_rank[1].data
+    # Rank 1's wild batch (step 71): its loss spikes there, and the gradient norm on both ranks
+    # (DDP averaged the gradients); both ranks roll back at the same exchange, to the same step, once.
+    assert zero == one, (zero, one)
+    assert zero["from_step"] == 71 and zero["to_step"] <= 70 < zero["step"]
+    assert re.match(r"rank [01]: (loss|gradient norm) spike", zero["why"])
+    params = [torch.load(tmp_path / f"params-{r}.pt") for r in (0, 1)]
+    assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
+    for r in (0, 1):
+        found = re.search(rf"rank {r} final loss (\S+)", result.stdout)
+        assert found and float(found.group(1)) < 0.05, result.stdout[-3000:]
