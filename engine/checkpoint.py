@@ -18,9 +18,11 @@ from pathlib import Path
 
 import torch
 
+from . import checkpoint_dcp
 from .checkpoint_files import SPACE_MARGIN, needed_bytes, prune, save_atomic, sweep_runs, sweep_temp_files  # noqa: F401
 from .discovery import Discovery, model_names, unwrap
 from .invisible import own
+from .sharded import is_sharded
 from .shared import diskspace, events, perms
 
 FORMAT_VERSION = 1
@@ -186,8 +188,10 @@ class Checkpointer:
     """
 
     def __init__(self, run_dir: Path | None, run_id: str, discovery: Discovery, journal, settings, config,
-                 barrier=lambda: None) -> None:
-        self.run_dir, self.run_id = run_dir, run_id
+                 barrier=lambda: None, leads: bool = True) -> None:
+        self.run_dir, self.run_id = (run_dir if leads else None), run_id
+        self._shared_dir = run_dir
+        """The run dir on every rank: each writes its shards of a sharded model there (checkpoint_dcp.py)."""
         self._discovery, self._journal, self._settings, self._config = discovery, journal, settings, config
         self._barrier = barrier
         self.last_save = time.monotonic()
@@ -196,13 +200,16 @@ class Checkpointer:
         """The step a resumed run continues from (0 when not resuming)."""
         self.asked = False
         """Whether the script asked for ``ptdash.start_step()`` (it then continues exactly)."""
-        self.swept = sweep_runs(run_dir) if run_dir is not None else []
+        self.swept = sweep_runs(run_dir) if run_dir is not None and leads else []
         """Temp files of killed saves removed at the start."""
 
     def save(self, step: int, reason: str) -> str:
         """Save now (training thread, every rank); return a one-line summary (rank 0's)."""
         self._barrier()
         try:
+            models = self._discovery.ensure_models() if self._shared_dir is not None else []
+            if any(is_sharded(list(m.parameters())) for m in models):
+                return self._write_sharded(step, reason, models)
             return self._write(step, reason) if self.run_dir is not None else ""
         finally:
             self.last_save = time.monotonic()
@@ -212,10 +219,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         d = self._discovery
         models = d.ensure_models()
-        obj = build(step, models, d.live(d.optimizers), d.top_schedulers(), d.live(d.scalers),
-                    {"run_id": self.run_id, "reason": reason,
-                     "controls": {"clip": self._settings.clip, "lr_scale": self._settings.lr_scale},
-                     "journal": [e for e in self._journal.commands()]})
+        obj = build(step, models, d.live(d.optimizers), d.top_schedulers(), d.live(d.scalers), self._meta(reason))
         path = self.run_dir / "checkpoints" / f"step-{step}.pt"
         perms.make_dir(path.parent)
         sweep_temp_files(path.parent)
@@ -233,6 +237,27 @@ class Checkpointer:
             prune(path.parent, self._config.keep_last)
         diskspace.NOTICE.room_again()
         summary = f"saved {path} ({size / 1e6:.1f} MB in {seconds:.2f} s)"
+        self._journal.event(events.Checkpoint(path=str(path), bytes=size, seconds=seconds, reason=reason), summary)
+        return summary
+
+    def _meta(self, reason: str) -> dict:
+        return {"run_id": self.run_id, "reason": reason,
+                "controls": {"clip": self._settings.clip, "lr_scale": self._settings.lr_scale},
+                "journal": [e for e in self._journal.commands()]}
+
+    def _write_sharded(self, step: int, reason: str, models: list) -> str:
+        """Every rank writes its shards (checkpoint_dcp.py); rank 0 names the result."""
+        t0 = time.perf_counter()
+        d = self._discovery
+        path, size = checkpoint_dcp.save(self._shared_dir / "checkpoints", step, models, d.live(d.optimizers),
+                                         d.top_schedulers(), d.live(d.scalers),
+                                         {"version": FORMAT_VERSION, **self._meta(reason)}, rng_state(), self._barrier)
+        if self.run_dir is None:
+            return ""
+        seconds = time.perf_counter() - t0
+        if self._config.keep_last:
+            prune(path.parent, self._config.keep_last)
+        summary = f"saved {path} ({size / 1e6:.1f} MB of shards from every rank in {seconds:.2f} s)"
         self._journal.event(events.Checkpoint(path=str(path), bytes=size, seconds=seconds, reason=reason), summary)
         return summary
 
@@ -275,7 +300,9 @@ class Checkpointer:
         """Read ``--resume``'s checkpoint (before the script runs); its saved controls, or None."""
         if not self._config.resume:
             return None
-        self._resume = load(Path(self._config.resume))
+        path = Path(self._config.resume)
+        self._resume = ({**checkpoint_dcp.read_meta(path), "sharded": path}
+                        if checkpoint_dcp.is_sharded_checkpoint(path) else load(path))
         self.start_step = int(self._resume["ptdash"]["step"])
         return self._resume["ptdash"].get("controls", {})
 
@@ -291,10 +318,18 @@ class Checkpointer:
         ckpt, self._resume = self._resume, None
         d = self._discovery
         try:
-            restored, warnings = apply(ckpt, d.ensure_models(), d.live(d.optimizers), d.top_schedulers(),
-                                       d.live(d.scalers))
+            if "sharded" in ckpt:
+                restored, warnings, rng = checkpoint_dcp.load(ckpt["sharded"], d.ensure_models(),
+                                                              d.live(d.optimizers), d.top_schedulers(), d.live(d.scalers))
+                set_rng_state(rng)
+            else:
+                restored, warnings = apply(ckpt, d.ensure_models(), d.live(d.optimizers), d.top_schedulers(),
+                                           d.live(d.scalers))
         except CheckpointError as exc:
             raise ResumeError(f"cannot resume from {self._config.resume}: {exc}") from None
+        except Exception as exc:  # DCP's many kinds, for shards that do not fit: one line
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            raise ResumeError(f"cannot resume from {self._config.resume}: {first}") from None
         self._journal.event(events.RunNote(restored=tuple(restored), warnings=tuple(warnings)),
                             f"resumed from {self._config.resume} at step {self.start_step}: restored "
                             f"{', '.join(restored) or 'nothing'}; not restored: where the script's data loop was "

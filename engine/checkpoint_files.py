@@ -39,6 +39,7 @@ def save_atomic(obj: dict, path: Path) -> int:
 
 
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
+_STEP_DIR = re.compile(r"^step-(\d+)$")
 _TEMP_FILE = re.compile(r"^\.step-\d+\.pt\.(\d+)\.tmp$")
 SPACE_MARGIN = 1.05
 """A checkpoint's tensors plus this share for the pickle around them: what a save needs free."""
@@ -96,11 +97,17 @@ def sweep_runs(run_dir: Path) -> list[Path]:
 
 
 def prune(directory: Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest ``keep_last`` step-N.pt files; return what was removed."""
+    """Delete all but the newest ``keep_last`` checkpoints (step-N.pt files, and a sharded
+    model's step-N directories); return what was removed."""
+    import shutil
+
     found = sorted(
-        (int(m.group(1)), p) for p in directory.glob("step-*.pt") if (m := _STEP_FILE.match(p.name))
+        (int(m.group(1)), p) for p in directory.glob("step-*") if (m := _STEP_FILE.match(p.name) or _STEP_DIR.match(p.name))
     )
     removed = [p for _, p in found[:-keep_last]] if keep_last > 0 else []
     for p in removed:
-        p.unlink(missing_ok=True)
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
     return removed

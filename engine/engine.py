@@ -101,8 +101,8 @@ class Engine:
         self._log_warned: set[str] = set()
         self.journal = Journal(self._publish, lambda: self.hooks.step, self.settings, rank=self.dist.rank,
                                run_dir=self.run_dir if self.primary else None, wake=lambda: self.flusher.wake())
-        self.checkpointer = Checkpointer(self.run_dir if leads else None, self.info.id if self.info else "",
-                                         self.discovery, self.journal, self.settings, config, self.dist.barrier)
+        self.checkpointer = Checkpointer(self.run_dir, self.info.id if self.info else "",
+                                         self.discovery, self.journal, self.settings, config, self.dist.barrier, leads)
         self.profiler = Profiler(self.run_dir / "profiles" if leads and self.run_dir else None, self.journal,
                                  config.profile_steps)
         self.controls = Controls(self.settings, self.journal, self.checkpointer.save, self.profiler.start, self.kill,

@@ -36,7 +36,9 @@ class ForwardHook:
         self._loaders.watch_batches(on)  # the hook reads which loader served the batch
         models = self._discovery.models
         if on and self._handle is None and models:
-            self._handle = models[0].register_forward_pre_hook(self.fn)
+            # First of its hooks: a save point at the step's start sees the model as the step
+            # left it, before FSDP2's pre-forward hook gathers the shards into whole parameters.
+            self._handle = models[0].register_forward_pre_hook(self.fn, prepend=True)
         elif not on and self._handle is not None:
             self._handle.remove()
             self._handle = None

@@ -102,6 +102,11 @@ def checkpoint(path: Path) -> int | None:
     step it was saved at (None if the file does not say where it is expected)."""
     if not path.exists():
         raise CliError(f"checkpoint {path} does not exist", 2)
+    if path.is_dir():  # a sharded model's (FSDP): torch.distributed.checkpoint's files and ptdash's own
+        if not (path / ".metadata").is_file() or not (path / "ptdash.pt").is_file():
+            raise CliError(f"{path} is not a ptdash checkpoint: a directory without the .metadata and ptdash.pt "
+                           "of a sharded one", 2)
+        return checkpoint(path / "ptdash.pt")
     if not path.is_file():
         raise CliError(f"checkpoint {path} is not a file", 2)
     try:

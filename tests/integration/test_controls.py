@@ -230,8 +230,11 @@ def test_corrupt_and_foreign_checkpoints_are_refused_before_anything_starts(tmp_
     torch.save({"ptdash": {"version": 1, "step": 5}, "models": {}}, tmp_path / "whole.pt")
     (tmp_path / "cut.pt").write_bytes((tmp_path / "whole.pt").read_bytes()[:200])
     (tmp_path / "ok.py").write_text("print('ran')\n")
+    (tmp_path / "dir").mkdir()  # a directory is a sharded checkpoint's (FSDP) only with DCP's .metadata and ptdash.pt
+    (tmp_path / "dir" / "ptdash.pt").write_bytes((tmp_path / "whole.pt").read_bytes())
     for name, needle in (("bad.pt", "bad.pt is unreadable"), ("cut.pt", "cut.pt is unreadable"),
-                         ("other.pt", "other.pt is not a ptdash checkpoint")):
+                         ("other.pt", "other.pt is not a ptdash checkpoint"),
+                         ("dir", "dir is not a ptdash checkpoint: a directory without the .metadata")):
         result = ptdash("--headless", "--run-dir", "run", "--resume", name, "ok.py", cwd=tmp_path)
         assert result.returncode == 2, result.stderr
         (line,) = result.stderr.strip().splitlines()

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from support.runner import ENV, SCRIPTS, ptdash
+from support.runner import ENV, SCRIPTS, Run, ptdash, wait_for
 
 FSDP = SCRIPTS / "fsdp_train.py"
 pytestmark = pytest.mark.slow
@@ -40,9 +40,10 @@ def _clean(text: str) -> None:
     assert "Traceback" not in text and "runs without ptdash" not in text and "flush" not in text, text[-3000:]
 
 
-@pytest.mark.parametrize("clip", [True, False], ids=["clip", "no-clip"])
-def test_fsdp2_records_every_step_on_both_ranks_with_losses_identical_to_plain(tmp_path, clip):
-    args = ("--wrap", "fsdp2", "--steps", "12", "--checkpointing", *(("--clip", "0.5") if clip else ()))
+@pytest.mark.parametrize("wrap,clip", [("fsdp2", True), ("fsdp2", False), ("fsdp1", True)],
+                         ids=["fsdp2-clip", "fsdp2-no-clip", "fsdp1-own-clip"])
+def test_fsdp_records_every_step_on_both_ranks_with_losses_identical_to_plain(tmp_path, wrap, clip):
+    args = ("--wrap", wrap, "--steps", "12", "--checkpointing", *(("--clip", "0.5") if clip else ()))
     plain = _plain(tmp_path, *args)
     done = _under_ptdash(tmp_path, *args)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -67,3 +68,53 @@ def test_fsdp2_records_every_step_on_both_ranks_with_losses_identical_to_plain(t
         else:
             assert "grad/norm_total" not in store.names()
         assert any("are shards (FSDP)" in e.message for e in store.events())
+
+
+@pytest.mark.parametrize("wrap", ["fsdp2", "fsdp1"])
+def test_live_clip_on_both_ranks_checkpoints_on_demand_and_on_stop_and_a_bit_identical_resume(tmp_path, wrap):
+    # FSDP2 without the script's clip (the live clip reduces the total itself), FSDP1 with
+    # its own model.clip_grad_norm_ (the live value replaces the script's there).
+    args = ("--wrap", wrap, "--checkpointing", "--sleep", "0.05", *(("--clip", "5.0") if wrap == "fsdp1" else ()))
+    first = tmp_path / "first"
+    first.mkdir()
+    run = Run(first, FSDP, *args, options=("--nproc-per-node", "2"))
+    try:
+        both = lambda n: wait_for(lambda: min(run.last_step(0), run.last_step(1)) >= n, 120, what=f"step {n}")  # noqa: E731
+        both(3)
+        clip = run.send("clip", 0.1)  # before the checkpoint: its controls carry it to the resumed run
+        assert clip.ok, clip.message
+        both(clip.step + 3)
+        saved = run.send("checkpoint")
+        assert saved.ok and f"step-{saved.step}" in saved.message, saved.message
+        both(saved.step + 3)
+        stop = run.send("stop")
+        assert stop.ok
+        assert run.wait(120) == 0
+        for rank in (0, 1):
+            clip_max = run.series("grad/clip_max", rank=rank)
+            first_clipped = clip_max[0][clip_max[1].index(0.1)]
+            assert first_clipped == clip.step + 1, rank  # the same step on both ranks
+            norms = run.series("grad/norm_total", rank=rank)
+            assert set(range(clip.step + 1, stop.step + 1)) <= set(norms[0]), rank
+        output = run.output()
+        _clean(output + (run.run_dir / "engine.log").read_text())
+    finally:
+        run.close()
+    checkpoints = run.run_dir / "checkpoints"
+    ends = sorted(int(p.name.split("-")[1]) for p in checkpoints.glob("step-*"))
+    assert ends[0] == saved.step and ends[-1] >= stop.step  # on demand, and on stop
+    for end in ends:
+        assert {".metadata", "ptdash.pt", "rank-0.pt", "rank-1.pt"} <= {p.name for p in (checkpoints / f"step-{end}").iterdir()}
+    assert not list(checkpoints.glob(".step-*"))
+    # Resumed from the on-demand checkpoint, to the step the first run stopped at: the same losses.
+    stopped_at = int(_losses(first)[0][-1].split()[0])
+    again = tmp_path / "again"
+    again.mkdir()
+    done = ptdash("--headless", "--nproc-per-node", "2", "--run-dir", str(again / "run"), "--resume",
+                  str(checkpoints / f"step-{saved.step}"), str(FSDP), *args, "--steps", str(stopped_at),
+                  cwd=again, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _clean(done.stdout + done.stderr + (again / "run" / "output.log").read_text())
+    before = _losses(first)
+    for rank in (0, 1):
+        assert _losses(again)[rank] == before[rank][saved.step:], rank
