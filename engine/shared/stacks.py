@@ -5,7 +5,7 @@ rank's (engine/stackgather.py) on demand (``ptdash stacks``, the Ranks tab's key
 rank stalls (kept with the stall event). This module is what both sides read: the records
 (``RankStacks``: a rank's threads, each a list of ``Frame``), what a rank's training thread is
 doing (``doing``: in a collective, in backward, at ptdash's step boundary, waiting for a
-DataLoader batch, running Python...), which ranks the others wait for (``culprits``), one
+DataLoader batch, in its own code...), which ranks the others wait for (``culprits``), one
 sentence for a stall (``summary``) and the side-by-side text of ``ptdash stacks`` (``render``):
 the frames common to every rank folded, the frame where they differ marked. Stdlib only.
 """
@@ -123,7 +123,8 @@ def at(frame: Frame) -> str:
 def doing(rank: RankStacks) -> tuple[str, str]:
     """``(kind, words)``: what the training thread does. Kinds: ``collective``, ``backward``,
     ``ptdash`` (the others' step boundary), ``data`` (a DataLoader batch), ``sleep``,
-    ``python`` (the script's own code runs), ``library``, ``stopped``, ``silent`` (no answer)."""
+    ``python`` (the script's own code runs, or a C function it called, like ``time.sleep``),
+    ``library``, ``stopped``, ``silent`` (no answer)."""
     if not rank.answered:
         if rank.state.startswith("T"):
             return "stopped", "its process is stopped (SIGSTOP or a debugger)"
@@ -146,7 +147,7 @@ def doing(rank: RankStacks) -> tuple[str, str]:
         if f.func == "sleep" or (f.lib in ("threading", "queue") and f.func in ("wait", "get", "acquire")):
             return "sleep", f"waiting in {f.func}"
     if not below:
-        return "python", "running Python"
+        return "python", "in its own code (or a C function it called: no Python frame shows one)"
     return "library", f"in {below[-1].func} ({short(below[-1].file)})"
 
 
