@@ -250,8 +250,25 @@ class Controls:
         elif cmd.name == "stop":
             self.pending.stop = cmd.id
             fx.set_state("stopping")
+        elif cmd.name == "rollback":
+            self._rollback(cmd, step)
         elif cmd.name == "profile":
             self._profile(cmd, step)
+
+    def _rollback(self, cmd: Command, step: int) -> None:
+        """The ``rollback`` command: the last good state put back now (rollback.py), and a
+        paused run resumed; refused with the reason when there is none."""
+        fx = self._journal
+        if self.rollback is None:
+            fx.ack(cmd, False, step, "this run keeps no snapshot to roll back to (start it with "
+                   "--on-anomaly rollback, or --rollback-every K)")
+            return
+        ok, message = self.rollback.command(step)
+        if ok and self.paused:
+            self.paused = False
+            fx.set_state("running", paused_at=None)
+            message += f"; resumed at step {step}"
+        fx.ack(cmd, ok, step, message)
 
 
 def _clip_change(old: float | None, new: float | None, step: int) -> str:

@@ -257,7 +257,7 @@ class Rollback:
         """The ``rollback`` command (dashboard, ``ptdash ctl``): roll back now."""
         if self.good is None:
             return False, self._nothing()
-        self.restore(step + 1, step + 1, "asked for")
+        self.restore(step + 1, step + 1, "a rollback asked for")
         return True, f"rolled back to step {self.good.step}"
 
     def _nothing(self) -> str:

@@ -24,7 +24,7 @@ from textual.widgets import Footer, TabbedContent, TabPane
 from ptdash.shared import events, stacks
 from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Samples, Schedule, Stacks, Status
 
-from .commands import CommandActions
+from .commands import CommandActions, keeps_snapshots
 from .compare import Comparison
 from .messages import SourceUpdate
 from .source import Backfill, Connection, History, InfoChanged, LogLines, Source
@@ -61,6 +61,7 @@ class DashboardApp(CommandActions, App[str]):
         Binding("l", "lr_factor", "LR factor", id="lr_factor"),
         Binding("p", "profile", "Profile", id="profile"),
         Binding("k", "stacks", "Stacks", id="stacks"),
+        Binding("r", "rollback", "Roll back to the last good state", id="rollback", show=False),
         Binding("s", "stop", "Stop", id="stop"),
         Binding("q", "quit", "Quit", id="quit"),
         Binding("t", "toggle_time", "By time/step", id="compare.time"),
@@ -213,8 +214,9 @@ class DashboardApp(CommandActions, App[str]):
         if isinstance(what, events.Oom) and not isinstance(self.screen, OomScreen):
             self.push_screen(OomScreen(what))
         elif isinstance(what, events.Anomaly) and what.paused:
-            self.notify(f"{event.message}. Space resumes.", title="Paused by an anomaly", severity="error",
-                        timeout=15)
+            choices = "Space resumes, r rolls back to the last good state" if keeps_snapshots(self.state) else \
+                "Space resumes"
+            self.notify(f"{event.message}. {choices}.", title="Paused by an anomaly", severity="error", timeout=15)
 
     def _schedule_redraw(self) -> None:
         """Redraw at most ``redraw_hz`` times a second, and only when something arrived."""

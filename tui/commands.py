@@ -25,8 +25,16 @@ from .widgets.report_view import ReportView
 from .widgets.stop_dialog import StopDialog
 from .widgets.value_dialog import ValueDialog
 
-CONTROL_ACTIONS = frozenset({"pause", "resume", "checkpoint", "clip", "lr_factor", "profile", "stop", "stacks"})
+CONTROL_ACTIONS = frozenset({"pause", "resume", "checkpoint", "clip", "lr_factor", "profile", "stop", "stacks",
+                             "rollback"})
 """Actions that send a command, and so need a live, connected engine."""
+
+
+def keeps_snapshots(state) -> bool:
+    """Whether the run keeps the rollback's snapshots (``--on-anomaly rollback`` or
+    ``--rollback-every``), so that ``r`` can put the last good state back."""
+    config = state.info.config if state.info is not None else None
+    return config is not None and (config.on_anomaly == "rollback" or bool(config.rollback_every))
 
 
 class CommandActions:
@@ -57,6 +65,8 @@ class CommandActions:
         paused = state in ("paused", "pausing")
         if (action == "pause" and paused) or (action == "resume" and not paused):
             return False
+        if action == "rollback" and not keeps_snapshots(self.state):
+            return False
         if not self.source.can_control or state == "stopping":
             return None
         if action == "lr_factor" and self.state.status is not None and self.state.status.lr_fixed:
@@ -83,6 +93,10 @@ class CommandActions:
 
     def action_checkpoint(self) -> None:
         self.send("checkpoint")
+
+    def action_rollback(self) -> None:
+        """Put the last good state back (docs/rollback.md); a paused run resumes."""
+        self.send("rollback")
 
     def action_profile(self) -> None:
         self.state.profile_pending = f"profiling the next {self.profile_steps} steps…"

@@ -25,13 +25,13 @@ from .errors import CliError
 
 CTL_COMMANDS = {"pause": "pause", "resume": "resume", "checkpoint": "checkpoint", "clip": "clip",
                 "lr-scale": "lr_scale", "stop": "stop", "kill": "kill", "profile": "profile",
-                "stacks": "stacks"}
+                "stacks": "stacks", "rollback": "rollback"}
 
 
 def cmd_ctl(argv: list[str]) -> int:
     """Send one command to a live run and print its Ack; see the module docstring for the exit status."""
     args = subcommands.parse("ctl", argv)
-    usage = "usage: ptdash ctl [RUN] pause|resume|checkpoint|clip X|lr-scale X|profile N|stop|kill|stacks"
+    usage = "usage: ptdash ctl [RUN] pause|resume|checkpoint|clip X|lr-scale X|profile N|stop|kill|stacks|rollback"
     words = list(args.words)
     spec = None
     if words and words[0] not in CTL_COMMANDS:

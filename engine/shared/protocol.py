@@ -55,7 +55,7 @@ class Hello(Message):
     """Who is connecting (``dashboard``, ``ctl``); informational."""
 
 
-COMMANDS = ("pause", "resume", "checkpoint", "clip", "lr_scale", "stop", "kill", "profile", "stacks")
+COMMANDS = ("pause", "resume", "checkpoint", "clip", "lr_scale", "stop", "kill", "profile", "stacks", "rollback")
 """Every command name the engine understands (``stacks`` is answered at once by a ``Stacks``, not an Ack)."""
 
 

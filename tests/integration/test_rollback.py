@@ -94,3 +94,45 @@ def test_two_ddp_ranks_roll_back_together_and_stay_identical(tmp_path):
     for r in (0, 1):
         found = re.search(rf"rank {r} final loss (\S+)", result.stdout)
         assert found and float(found.group(1)) < 0.05, result.stdout[-3000:]
+
+
+def _ctl(run, *words):
+    import json
+
+    out = subprocess.run([sys.executable, "-m", "ptdash.tui.cli", "ctl", str(run.run_dir), *words, "--json"],
+                         capture_output=True, text=True, timeout=120, env=ENV, stdin=subprocess.DEVNULL)
+    return out.returncode, json.loads(out.stdout)
+
+
+def test_ctl_rollback_in_an_anomaly_pause_puts_the_good_state_back_and_resumes(tmp_path):
+    from support.runner import Run, wait_for
+
+    run = Run(tmp_path, WILD, "--bad", "inf", options=("--on-anomaly", "pause", "--rollback-every", "10"))
+    try:
+        wait_for(lambda: run.info().status == "paused", 60, what="the anomaly pause")
+        code, answer = _ctl(run, "rollback")
+        assert code == 0 and answer["ok"], answer
+        assert answer["message"] == "rolled back to step 80; resumed at step 80"
+        assert run.wait() == 0
+        loss, finite = _final(run.output())
+        assert finite and loss < 0.05
+        (event,) = _events(run.run_dir, "rollback")
+        assert event.data["to_step"] == 80 and event.data["why"] == "a rollback asked for"
+    finally:
+        run.close()
+
+
+def test_ctl_rollback_on_a_run_that_keeps_no_snapshot_is_refused_with_the_reason(tmp_path):
+    from support.runner import Run, wait_for
+
+    run = Run(tmp_path, SCRIPTS / "plant_nan.py")
+    try:
+        wait_for(lambda: run.info().status == "paused", 60, what="the anomaly pause")
+        code, answer = _ctl(run, "rollback")
+        assert code == 1 and not answer["ok"]
+        assert "keeps no snapshot to roll back to" in answer["message"] and "--rollback-every" in answer["message"]
+        assert run.info().status == "paused"  # nothing changed
+        assert run.send("resume").ok
+        assert run.wait() == 0
+    finally:
+        run.close()

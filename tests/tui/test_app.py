@@ -189,3 +189,27 @@ def test_screens_show_the_essentials(tmp_path, size):
     if size[0] >= 120:
         assert "speed" in text and "samples/s" in text
         assert "anomaly" in text
+
+
+@pytest.mark.parametrize("keeps", [False, True])
+def test_r_rolls_back_only_on_a_run_that_keeps_snapshots(live_run, keeps):
+    from ptdash.shared import rundir
+    from ptdash.shared.config import RunConfig
+    from ptdash.tui.app import help_rows
+
+    run_dir, engine = live_run
+    if keeps:
+        rundir.update_info(run_dir, config=RunConfig(on_anomaly="pause", rollback_every=50))
+
+    async def scenario():
+        app = make_app(LiveSource(run_dir))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: app.source.can_control and app.state.status is not None, what="connection")
+            await pilot.press("r")
+            await pilot.press("c")  # a command after it: once it arrived, so would a rollback sent before
+            await until(pilot, lambda: engine.names()[-1:] == [("checkpoint", None)], what="checkpoint")
+            assert (("rollback", None) in engine.names()) is keeps, engine.names()
+            row = next(r for r in help_rows(app.check_action, False) if r[0] == "r")
+            assert row[2] is keeps  # the help screen dims it where it does nothing
+
+    run(scenario())
