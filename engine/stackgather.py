@@ -17,7 +17,7 @@ import time
 from typing import Callable
 
 from .shared.protocol import Stacks
-from .shared.stacks import ANSWER_SECONDS, RankStacks, process_state
+from .shared.stacks import ANSWER_SECONDS, RankStacks, fit, process_state
 
 log = logging.getLogger("ptdash.stacks")
 
@@ -88,7 +88,7 @@ class StackGatherer:
             out[info.rank] = RankStacks(rank=info.rank, pid=info.pid, host=info.host, step=steps.get(info.rank),
                                         answered=False, note=note, state=state, wchan=wchan,
                                         wall=time.time()).to_data()
-        return [out[r] for r in sorted(out)]
+        return fit([out[r] for r in sorted(out)])
 
     def _answered(self, rank: int, frame: dict) -> None:
         """A rank's answer (its link thread at the hub)."""

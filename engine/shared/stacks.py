@@ -12,6 +12,7 @@ the frames common to every rank folded, the frame where they differ marked. Stdl
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,6 +95,52 @@ def process_state(pid: int) -> tuple[str, str]:
     except OSError:
         wchan = ""
     return (f"{letter} ({STATES.get(letter, '?')})" if letter else ""), ("" if wchan in ("0", "") else wchan)
+
+
+FIT_BYTES = 4 * 1024 * 1024
+"""The most every rank's stacks together may take as JSON: half a protocol frame (8 MiB), so that
+a job of many ranks still gets its answer and its stall event to the dashboards."""
+
+
+def _others_innermost(t: dict) -> dict | None:
+    return t if t.get("training") else {**t, "frames": (t.get("frames") or [])[-1:]}
+
+
+def _training_inner(t: dict) -> dict | None:
+    return {**t, "frames": (t.get("frames") or [])[-12:]} if t.get("training") else t
+
+
+def _no_code(t: dict) -> dict | None:
+    return {**t, "frames": [{**f, "code": ""} for f in t.get("frames") or []]}
+
+
+def _training_only(t: dict) -> dict | None:
+    return {**t, "frames": (t.get("frames") or [])[-3:]} if t.get("training") else None
+
+
+CUTS = (("other threads cut to their innermost frame", _others_innermost),
+        ("the training thread cut to its 12 innermost frames", _training_inner),
+        ("source lines left out", _no_code),
+        ("only the training thread's 3 innermost frames kept", _training_only))
+"""How ``fit`` makes every rank's stacks smaller, the least useful part first."""
+
+
+def fit(ranks: list[dict], limit: int = FIT_BYTES) -> list[dict]:
+    """``ranks`` (RankStacks JSON objects) made to fit in ``limit`` bytes of JSON by ``CUTS``, one
+    after another until they do; each rank's note says what was left out."""
+    def size(obj) -> int:
+        return len(json.dumps(obj, separators=(",", ":"), default=str))
+
+    if size(ranks) <= limit:
+        return ranks
+    said = []
+    for words, cut in CUTS:
+        said.append(words)
+        ranks = [{**r, "threads": [c for t in r.get("threads") or [] if (c := cut(t)) is not None]} for r in ranks]
+        if size(ranks) <= limit:
+            break
+    told = "too many ranks to send whole: " + ", ".join(said)
+    return [{**r, "note": f"{r['note']}; {told}" if r.get("note") else told} for r in ranks]
 
 
 def read(ranks: object) -> list[RankStacks]:
@@ -315,6 +362,8 @@ def render(ranks: list[RankStacks], width: int = 100, all_threads: bool = True) 
             lines.append(f"rank {r.rank} (pid {r.pid}{step}): {r.note or 'no answer'}"
                          + (f"; process {r.state}" if r.state else "") + (f", in the kernel at {r.wchan}"
                                                                           if r.wchan else ""))
+    for note in sorted({r.note for r in ranks if r.answered and r.note}):
+        lines.append(f"({note})")
     if all_threads:
         for r in ranks:
             others = [t for t in r.threads if not t.training]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -12,6 +13,7 @@ from ptdash.shared.stacks import (
     Thread,
     culprits,
     doing,
+    fit,
     fold,
     mismatch,
     process_state,
@@ -174,3 +176,18 @@ def test_ptdash_stacks_refuses_a_timeout_that_is_not_a_positive_number_in_one_li
             subcommands.parse("stacks", ["--timeout", bad])
         assert refused.value.code == 2 and "\n" not in str(refused.value)
     assert subcommands.parse("stacks", ["--timeout", "2.5", "run"]).timeout == 2.5
+
+
+def test_the_stacks_of_many_ranks_are_cut_to_fit_a_frame_the_innermost_frames_kept():
+    deep = tuple(Frame(file=SITE + "torch/x.py", line=i, func=f"f{i}", code="x" * 80, lib="torch") for i in range(60))
+    ranks = [RankStacks(rank=r, threads=(Thread(name="MainThread", training=True, frames=tuple(MAIN) + deep),
+                                         *(Thread(name=f"t{i}", frames=deep) for i in range(9)))).to_data()
+             for r in range(20)]
+    assert fit(ranks, limit=10 ** 7) == ranks  # small enough: untouched
+    cut = fit(ranks, limit=40_000)
+    assert len(json.dumps(cut)) <= 40_000
+    found = read(cut)
+    assert [r.rank for r in found] == list(range(20))
+    assert all(r.training.frames[-1].func == "f59" for r in found)  # where each one is, still there
+    assert "too many ranks to send whole: other threads cut to their innermost frame" in found[0].note
+    assert any(line.startswith("(too many ranks") for line in render(found))
