@@ -22,7 +22,7 @@ import torch
 from .shared import events
 from .shared.names import GRAD_NORM, LOSS
 from .shared.protocol import Command
-from .snapshot import Snapshot, side_sources
+from .snapshot import Snapshot, sharded_models, side_sources
 from .spikes import WARMUP, Window
 
 MIN_EVERY = 10
@@ -153,6 +153,9 @@ class Rollback:
         models = d.ensure_models()
         optimizers = d.live(d.optimizers)
         if not models or not optimizers:
+            return
+        if sharded_models(models):  # the same models on every rank: all stop keeping at once
+            self._stop_keeping("the model's parameters are shards (FSDP), which a snapshot cannot copy yet")
             return
         if self._dist.multi and not self._dist.ready:
             self._stop_keeping("some ranks run without ptdash, so they could not roll back with the others")

@@ -28,6 +28,13 @@ import torch
 
 from .checkpoint import rng_state, set_rng_state
 from .discovery import model_names, unwrap
+from .sharded import is_sharded
+
+
+def sharded_models(models) -> bool:
+    """Whether a model's parameters are shards (FSDP2's DTensors, FSDP1's flat parameters):
+    a snapshot copies whole tensors (and FSDP1's state_dict would gather them every refresh)."""
+    return any(is_sharded(list(m.parameters())) for m in models)
 
 
 class _Slot:
