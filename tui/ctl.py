@@ -11,17 +11,15 @@ ambiguous run.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 
-from ptdash.shared import rundir
-from ptdash.shared.client import Client
 from ptdash.shared.limits import parse_setting
-from ptdash.shared.protocol import ENDED, Ack, Command, Status, TransportError
+from ptdash.shared.protocol import Ack, Command, TransportError
 
 from . import runs, subcommands
 from .errors import CliError
+from .runclient import answer, run_client, run_label
 
 CTL_COMMANDS = {"pause": "pause", "resume": "resume", "checkpoint": "checkpoint", "clip": "clip",
                 "lr-scale": "lr_scale", "stop": "stop", "kill": "kill", "profile": "profile",
@@ -75,33 +73,14 @@ def cmd_ctl(argv: list[str]) -> int:
     return 0 if ack.ok else 1
 
 
-def run_label(path: Path) -> str:
-    """How a reply names its run: the run dir, relative to here when it is under here."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
 def send_command(run_dir: Path, cmd: Command, wait: bool = True, timeout: float = 120.0) -> Ack | None:
     """Send one command; with ``wait``, return the engine's Ack for it (None on timeout)."""
-    info = rundir.read_info(run_dir)
-    try:
-        token = rundir.read_token(run_dir)
-    except PermissionError:
-        raise TransportError(f"cannot read {Path(run_dir) / 'token'}: permission denied "
-                             "(only the run's owner can steer it)") from None
-    client = Client(info.socket, token, name="ctl")
+    _, client = run_client(run_dir, "steer it")
     client.connect()
     try:
-        client.send(cmd)
-        deadline = time.monotonic() + timeout
-        while wait and time.monotonic() < deadline:
-            msg = client.recv(timeout=max(0.0, deadline - time.monotonic()))
-            if isinstance(msg, Ack) and msg.id == cmd.id:
-                return msg
-            if isinstance(msg, Status) and msg.state in ENDED:
-                raise TransportError(f"the run ended ({msg.state}) before answering")
-        return None
+        if not wait:
+            client.send(cmd)
+            return None
+        return answer(client, cmd, Ack, timeout)
     finally:
         client.close()

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 import uuid
 from pathlib import Path
 
 from ptdash.shared import rundir
-from ptdash.shared.client import Client
-from ptdash.shared.protocol import ENDED, Command, Stacks, Status, TransportError
+from ptdash.shared.protocol import Command, Stacks, TransportError
 from ptdash.shared.stacks import RankStacks, process_state, read, render, summary
 
 from . import runs, subcommands
 from .errors import CliError
+from .runclient import answer, run_client, run_label
 
 ENGINE_SECONDS = 10.0
 """How long ``ptdash stacks`` waits for the engine's answer."""
@@ -53,27 +52,14 @@ def cmd_stacks(argv: list[str], run_spec: str | None = None, as_json: bool | Non
         print(json.dumps({"run_dir": str(run.path), "summary": summary(found), "ranks": ranks}))
     else:
         width = shutil.get_terminal_size((120, 24)).columns
-        print(f"{_label(run.path)}: stacks of {len(found)} rank{'s' if len(found) != 1 else ''}")
+        print(f"{run_label(run.path)}: stacks of {len(found)} rank{'s' if len(found) != 1 else ''}")
         print("\n".join(render(found, width=width)))
     return 0 if all(r.answered for r in found) else 1
 
 
-def _label(path: Path) -> str:
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
 def take_stacks(run_dir: Path, timeout: float = ENGINE_SECONDS) -> list[dict] | None:
     """Every rank's stacks (``RankStacks`` JSON objects), or None when the engine did not answer."""
-    info = rundir.read_info(run_dir)
-    try:
-        token = rundir.read_token(run_dir)
-    except PermissionError:
-        raise TransportError(f"cannot read {Path(run_dir) / 'token'}: permission denied "
-                             "(only the run's owner can ask it)") from None
-    client = Client(info.socket, token, name="ctl")
+    info, client = run_client(run_dir, "ask it")
     try:
         client.connect(timeout=timeout)
     except TransportError:
@@ -81,15 +67,7 @@ def take_stacks(run_dir: Path, timeout: float = ENGINE_SECONDS) -> list[dict] | 
             return None  # alive, and not even its socket's thread answers: its GIL is held
         raise
     try:
-        cmd = Command(id=uuid.uuid4().hex[:8], name="stacks")
-        client.send(cmd)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msg = client.recv(timeout=max(0.0, deadline - time.monotonic()))
-            if isinstance(msg, Stacks) and msg.id == cmd.id:
-                return list(msg.ranks)
-            if isinstance(msg, Status) and msg.state in ENDED:
-                raise TransportError(f"the run ended ({msg.state}) before answering")
-        return None
+        msg = answer(client, Command(id=uuid.uuid4().hex[:8], name="stacks"), Stacks, timeout)
+        return None if msg is None else list(msg.ranks)
     finally:
         client.close()
