@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,13 @@ def test_the_printed_output_benchmark_runs():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "throughput ptdash/plain" in result.stdout and "eval_loss values stored" in result.stdout
     assert "the parser's own CPU over the same 2 MB" in result.stdout
+
+
+def test_the_rollback_cost_benchmark_runs():
+    """benchmarks/rollback_cost.py, short (its figures are its own, longer run)."""
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "rollback_cost.py"
+    result = subprocess.run([sys.executable, str(bench), "--workloads", "wide", "--rounds", "5", "--steps", "2",
+                             "--engine-rounds", "2", "--engine-steps", "40"],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "refresh" in result.stdout and "restore" in result.stdout and "rollback/default per round" in result.stdout
