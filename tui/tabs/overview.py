@@ -196,9 +196,12 @@ def _lr_label(state: RunState, name: str) -> str:
 
 def grad_reads(state: RunState) -> tuple[str, ...]:
     """The grad-norm chart's series: the norm, the clip in force, which steps were clipped,
-    then the other optimizers' norms."""
-    return (names.GRAD_NORM, names.CLIP_MAX, names.CLIPPED,
-            *(n for _, n in names.others(state.series, names.GRAD_NORM)))
+    then the other optimizers' norms. The norm is the total, or, for sharded parameters (FSDP)
+    that no clip reduces, rank 0's shards' own norm where no total was ever recorded."""
+    norm = names.GRAD_NORM
+    if norm not in state.series and names.GRAD_NORM_LOCAL in state.series:
+        norm = names.GRAD_NORM_LOCAL
+    return (norm, names.CLIP_MAX, names.CLIPPED, *(n for _, n in names.others(state.series, names.GRAD_NORM)))
 
 
 def grad(state: RunState, view: ChartView, reads: tuple[str, ...] | None = None) -> Panel:
@@ -209,7 +212,8 @@ def grad(state: RunState, view: ChartView, reads: tuple[str, ...] | None = None)
         return Panel(Text("no gradients yet", "dim"), Chart())
     at = view.cursor
     lines = [Line(norm.steps, norm.values, "magenta")]
-    parts = _cursor(view) + [_value("", value_at(norm.steps, norm.values, at), "bold magenta")]
+    label = "rank 0's shards" if norm_name == names.GRAD_NORM_LOCAL else ""  # a part of the total
+    parts = _cursor(view) + [_value(label, value_at(norm.steps, norm.values, at), "bold magenta")]
     clip = state.series.get(clip_name)
     if clip is not None and clip.steps:
         lines.append(Line(clip.steps, clip.values, "red", dashed=True))
