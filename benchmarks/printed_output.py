@@ -85,11 +85,19 @@ def run(variant: str, mb: float, work: Path, env: dict) -> dict:
                                   stderr=subprocess.STDOUT, env=env, cwd=work, timeout=3600)
     else:
         options = ["--no-parse-output"] if variant == "no-parse" else []
-        proc = subprocess.run([sys.executable, "-m", "ptdash.tui.cli", "--headless", "--run-dir", str(run_dir),
-                               *options, str(script), target, str(result)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, env=env, cwd=work, timeout=3600)
+        with open(work / "front.log", "wb") as out:  # the headless front's copy of the output, and its lines
+            proc = subprocess.run([sys.executable, "-m", "ptdash.tui.cli", "--headless", "--run-dir", str(run_dir),
+                                   *options, str(script), target, str(result)], stdout=out,
+                                  stderr=subprocess.STDOUT, env=env, cwd=work, timeout=3600)
     if proc.returncode != 0:
-        raise SystemExit(f"{variant} failed with exit code {proc.returncode}: {(proc.stderr or b'')[-2000:]!r}")
+        said = b""
+        for name in ("front.log", f"run-{variant}/engine.log"):
+            if (work / name).exists():
+                with open(work / name, "rb") as f:
+                    f.seek(max(0, (work / name).stat().st_size - 3000))
+                    said += f"\n--- {name}:\n".encode() + f.read()
+        raise SystemExit(f"{variant} failed with exit code {proc.returncode}:{said.decode(errors='replace')}")
+    (work / "front.log").unlink(missing_ok=True)
     figures = json.loads(result.read_text())
     figures["stored"] = _stored(run_dir) if variant == "ptdash" else None
     if run_dir.exists():

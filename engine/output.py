@@ -29,6 +29,10 @@ log = logging.getLogger("ptdash.output")
 
 ENV = "PTDASH_OUTPUT_RELAY"
 """Set by the ``ptdash`` command when fds 1 and 2 are output.log."""
+BATCH_S = 0.1
+"""Longest the output is held for the parser before output.log gets it."""
+BATCH_BYTES = 1 << 18
+"""Most output held for the parser at once."""
 
 
 class OutputRelay:
@@ -55,7 +59,14 @@ class OutputRelay:
         self._failing = False
         self.printed = None
         """The metrics the script prints (printed.PrintedMetrics, set once the engine is built):
-        each chunk copied is shown to it, on this thread, never the training thread."""
+        what is copied is shown to it, on this thread, never the training thread: at once
+        after a quiet while, else in batches (at most one each BATCH_S, or BATCH_BYTES): a
+        parse has a fixed cost, and a script printing at every step would pay it at every
+        step, taken from the training thread as the GIL."""
+        self._held: list[tuple[int, bytes]] = []
+        self._size = 0
+        self._due = self._last = 0.0
+        """When the held output is due to the parser; when it last got some."""
         self._lock = threading.Lock()
         os.set_blocking(read, False)
         self._thread = threading.Thread(target=self._loop, name="ptdash-output", daemon=True)
@@ -84,28 +95,51 @@ class OutputRelay:
 
     def _loop(self) -> None:
         while True:
+            # With a batch held for the parser, wait no longer than it may be held.
+            timeout = max(0.0, self._due - time.monotonic()) if self._held else None
             try:
-                select.select([self._read], [], [])
+                ready = select.select([self._read], [], [], timeout)[0]
             except InterruptedError:
                 continue
             except (OSError, ValueError):
+                self._release()
                 return
             # Read and written under the lock: close() then knows that an empty pipe
             # means everything written before it has been handled.
             with self._lock:
+                if not ready:
+                    self._release()
+                    continue
                 try:
                     data = os.read(self._read, 1 << 16)
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError:
+                    self._release()
                     return
                 if not data:
+                    self._release()
                     return
-                printed = self.printed
-                if printed is not None:
-                    # Read before it is written: what output.log shows was read at its step.
-                    printed.feed(data)  # never raises: the output goes on whatever a line holds
-                self._write(data)
+                if self.printed is None:
+                    self._write(data)
+                    continue
+                if not self._held:  # output after a quiet while is read at once, a flood in batches
+                    self._due = self._last + BATCH_S
+                self._held.append((self.printed.now(), data))  # kept at the step it was read at
+                self._size += len(data)
+                if self._size >= BATCH_BYTES or time.monotonic() >= self._due:
+                    self._release()
+
+    def _release(self) -> None:
+        """The output held for the parser: read for metrics (each piece at the step it was
+        read at; output.log, which a script may wait on, is written after). Under the lock."""
+        if not self._held:
+            return
+        held, self._held, self._size, self._last = self._held, [], 0, time.monotonic()
+        printed = self.printed
+        if printed is not None:
+            printed.feed_pieces(held)  # never raises: the output goes on whatever a line holds
+        self._write(b"".join(data for _, data in held))
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -149,8 +183,9 @@ class OutputRelay:
                 if not _unread(self._read):
                     break
             time.sleep(0.005)
-        if self.printed is not None:
-            with self._lock:
+        with self._lock:
+            self._release()
+            if self.printed is not None:
                 self.printed.finish()  # an unfinished last line counts as it stands
         if self.unwritten:
             diskspace.NOTICE.say(f"{diskspace.fmt_bytes(self.unwritten)} ({self.unwritten} bytes) of the script's "

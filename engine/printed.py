@@ -25,6 +25,7 @@ The flusher takes what was found (``drain``) and writes it with the steps' own r
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 import re
 import threading
@@ -42,6 +43,9 @@ MAX_TAIL = 1 << 16
 """Bytes of an unfinished line kept; a longer one is not read."""
 SHAPES = 4096
 """Shapes of lines remembered as holding no metric (forgotten all at once when full)."""
+
+FREQUENT = 4
+"""Lines of one shape in a batch (``feed_pieces``) above which only the newest is read."""
 
 _DIGITS = b"0123456789"
 _PROGRESS = re.compile(rb"(\d{1,3})%\|")
@@ -75,7 +79,27 @@ class PrintedMetrics:
     def feed(self, data: bytes) -> None:
         """A chunk of the script's output, as the relay read it."""
         try:
-            self._feed(data, self._step())
+            reads: list = []
+            self._feed(data, self._step(), reads)
+            self._read(reads)
+        except Exception:  # noqa: BLE001 - the output must go on whatever a line does here
+            log.exception("reading the script's output for metrics failed")
+
+    def now(self) -> int:
+        """The step in progress, for ``feed_pieces``: what a piece of output is kept at."""
+        return self._step()
+
+    def feed_pieces(self, pieces: list[tuple[int, bytes]]) -> None:
+        """Pieces of output, each with the step it was read at (``now()`` then), read at
+        once: what the relay held while the output came fast. A report printed at more
+        than FREQUENT of the steps here is read for its newest line only (a bar or a loss
+        line printed at every step, thinned to one value a batch); any other line is kept
+        at its own step."""
+        try:
+            reads: list = []
+            for step, data in pieces:
+                self._feed(data, step, reads)
+            self._read(reads)
         except Exception:  # noqa: BLE001 - the output must go on whatever a line does here
             log.exception("reading the script's output for metrics failed")
 
@@ -84,7 +108,8 @@ class PrintedMetrics:
         if self._tail or self._drawn:
             self.feed(b"\n")
 
-    def _feed(self, data: bytes, step: int) -> None:
+    def _feed(self, data: bytes, step: int, reads: list) -> None:
+        """The stream's state on from ``data``; its finished lines go to ``reads`` with ``step``."""
         text = self._tail + data if self._tail else data
         newline = text.rfind(b"\n")
         if newline >= 0:
@@ -93,11 +118,11 @@ class PrintedMetrics:
                 lines[0], self._overlong = b"", False
             if self._drawn or b"\r" in text[:newline]:
                 lines = self._final_states(lines, _redrawn(text[:newline]))
-            self._read(lines, step)
+            reads.append((lines, step))
             text = text[newline + 1:]
         if b"\r" in text:
             segments = text.split(b"\r")
-            self._read(self._restarted(segments), step)
+            reads.append((self._restarted(segments), step))
             text = segments[-1]
         if len(text) > MAX_TAIL:
             text, self._overlong = b"", True
@@ -144,29 +169,46 @@ class PrintedMetrics:
         self._drawn = previous
         return out
 
-    def _read(self, lines: list[bytes], step: int) -> None:
+    def _read(self, reads: list[tuple[list[bytes], int]]) -> None:
+        """The lines of ``reads`` (each list with its step)."""
+        if len(reads) == 1:
+            lines, step = reads[0]
+            steps = None
+        else:
+            lines = [line for part, _ in reads for line in part]
+            steps = [step for part, step in reads for _ in part]
+            step = steps[-1] if steps else 0
         if not lines:
             return
         blob = b"\n".join(lines)
         if any(marker in blob for marker in _CONTEXT):
             previous = ""
-            for line in lines:
+            for i, line in enumerate(lines):
                 text = printparse.clean(line.decode("utf-8", "replace"))
                 if not printparse.skipped(text, previous):
-                    self._take(printparse.parse(text), step, text)
+                    self._take(printparse.parse(text), steps[i] if steps else step, text)
                 previous = text
             return
         # Only the last line of each shape: the same report printed again says nothing new
-        # within one chunk, all of whose lines are kept at one step.
-        last = dict(zip(blob.translate(None, _DIGITS).split(b"\n"), lines))
+        # within one read, all of whose lines are kept at one step. Over several reads (a
+        # batch), a shape seen at no more than FREQUENT lines keeps each, at its step.
+        shapes = blob.translate(None, _DIGITS).split(b"\n")
+        last = dict(zip(shapes, range(len(lines))))
+        picked = sorted(last.values())
+        if steps is not None and len(last) < len(lines):
+            counts = collections.Counter(shapes)
+            rare = {shape for shape, n in counts.items() if 1 < n <= FREQUENT and shape not in self._silent}
+            if rare:
+                picked = sorted(set(picked).union(i for i, shape in enumerate(shapes) if shape in rare))
         silent = self._silent
-        for shape, line in last.items():
+        for i in picked:
+            shape = shapes[i]
             if shape in silent:
                 continue
-            text = printparse.clean(line.decode("utf-8", "replace"))
+            text = printparse.clean(lines[i].decode("utf-8", "replace"))
             found = [] if printparse.skipped(text) else printparse.parse(text)
             if found:
-                self._take(found, step, text)
+                self._take(found, steps[i] if steps else step, text)
             else:
                 if len(silent) >= SHAPES:
                     silent.clear()

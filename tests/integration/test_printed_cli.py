@@ -95,8 +95,11 @@ def test_the_demos_val_loss_is_charted(tmp_path):
                          re.MULTILINE)
     assert [int(step) for step, _ in printed] == [15, 30]
     with StoreReader(tmp_path / "run" / "metrics.db") as store:
-        assert store.series(names.printed("val_loss")) == ([15, 30], [float(v) for _, v in printed])
-    assert f"| val_loss {float(printed[-1][1]):.5g} @30 |" in result.stdout  # the headless progress line
+        steps, values = store.series(names.printed("val_loss"))
+    # At the step in progress when the relay read it: the eval step, or one of the few after
+    # it the relay may hold a flood of output for (0.1 s), never before, never the next eval's.
+    assert values == [float(v) for _, v in printed] and 15 <= steps[0] < 30 <= steps[1], steps
+    assert f"| val_loss {float(printed[-1][1]):.5g} @{steps[1]} |" in result.stdout  # the headless progress line
     # On screen: the printed panel draws it (over the training loss the demo prints).
     app = make_app(ReplaySource(tmp_path / "run"))
 

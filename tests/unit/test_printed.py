@@ -165,3 +165,19 @@ def test_a_chunk_of_many_lines_with_bars_among_them_reads_each_line_and_each_bar
                              names.printed("val_acc"): 0.9}}  # one chunk, one step: the last of each
     s.feed(b"\r 50%|#  | 1/2 [00:01<00:01, top1=0.1]" + plain + b"\r100%|## | 2/2 [00:02<00:00, top1=0.2]\n", step=4)
     assert s.found() == {4: {names.printed("top1"): 0.2}}
+
+
+def test_a_batch_keeps_each_reports_line_at_its_step_unless_it_comes_at_every_step():
+    s = Stream()
+    pieces = [(15, b"eval step 15 | val loss 3.16\n"), (16, b"sample | abc\n"), (20, b"step 20 | loss 3.15\n"),
+              (30, b"step 30 | loss 3.12\n"), (30, b"eval step 30 | val loss 3.15\n")]
+    pieces += [(40 + i, b"\r%3d%%|# | %d/9 [00:01<00:01, top1=0.%d]" % (i * 10, i, i)) for i in range(1, 10)]
+    pieces += [(50, b"\n")]
+    s.metrics.feed_pieces(pieces)
+    # The evals and the loss lines at their own steps; the bar, drawn at nine steps: its final state.
+    assert s.found() == {15: {names.printed("val_loss"): 3.16}, 20: {names.printed("loss"): 3.15},
+                         30: {names.printed("loss"): 3.12, names.printed("val_loss"): 3.15},
+                         50: {names.printed("top1"): 0.9}}
+    flood = [(s_, b"step %d | loss 0.%d\n" % (s_, s_)) for s_ in range(100, 110)]
+    s.metrics.feed_pieces(flood)
+    assert s.found() == {109: {names.printed("loss"): 0.109}}  # at every step: the newest of the batch
