@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from .shared import events
+from .shared.diskspace import fmt_bytes
 from .shared.names import GRAD_NORM, LOSS
 from .shared.protocol import Command
 from .snapshot import Snapshot, sharded_models, side_sources
@@ -40,10 +41,6 @@ def default_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
     except (ValueError, OSError, AttributeError):  # no sysconf here: 4 GiB
         return 4 << 30
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e3:.1f} kB" if n < 1e6 else f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
 
 
 class Rollback:
@@ -149,6 +146,8 @@ class Rollback:
             self.state.loss_max = self.loss.limit
 
     def _refresh(self, step: int) -> None:
+        if self.pending is not None:
+            return  # the one before is not known sound yet (a flush, or an exchange, later): it stays
         d = self._discovery
         models = d.ensure_models()
         optimizers = d.live(d.optimizers)
@@ -168,8 +167,8 @@ class Rollback:
         immediate = self.at_step and self.local
         needed = Snapshot.needed(sources) * (1 if immediate else 2)
         if needed > self.memory:
-            self._stop_keeping(f"the state takes {_mb(needed)} of host memory"
-                               f"{'' if immediate else ' (two copies)'}, over --rollback-memory {_mb(self.memory)}")
+            self._stop_keeping(f"the state takes {fmt_bytes(needed)} of host memory"
+                               f"{'' if immediate else ' (two copies)'}, over --rollback-memory {fmt_bytes(self.memory)}")
             return
         if cuda and self._stream is None:
             self._stream = torch.cuda.Stream()
@@ -191,9 +190,9 @@ class Rollback:
             self._noted = True
             self._journal.event(events.Snapshot(step=step, bytes=needed, seconds=seconds, every=self.every,
                                                 limit=self.memory),
-                                f"rollback: the state of step {step} is kept in host memory: {_mb(needed)}"
+                                f"rollback: the state of step {step} is kept in host memory: {fmt_bytes(needed)}"
                                 f"{'' if immediate else ' (two copies)'}, {seconds * 1e3:.1f} ms a refresh, "
-                                f"every {self.every} steps (--rollback-memory {_mb(self.memory)})")
+                                f"every {self.every} steps (--rollback-memory {fmt_bytes(self.memory)})")
 
     def _period(self) -> None:
         """Steps between refreshes: --rollback-every, DDP_EVERY, or what the budget affords."""

@@ -53,9 +53,15 @@ class Window:
     def __init__(self, size: int = WINDOW) -> None:
         self.values: collections.deque[float] = collections.deque(maxlen=size)
         self.limit = math.inf
+        self._added = 0
 
     def add(self, value: float) -> None:
+        """A good value; every WARMUP of them the limit is taken again, so that the many rows of
+        one flush (fast steps on a GPU) are judged by the values before them, not by the last flush's."""
         self.values.append(value)
+        self._added += 1
+        if self._added % WARMUP == 0:
+            self.update()
 
     def update(self) -> float:
         """Take the limit from the values so far (the flusher, once a flush); one set before

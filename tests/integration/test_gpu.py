@@ -40,3 +40,68 @@ def test_nonfinite_gradient_on_cuda_pauses_at_the_next_flush(tmp_path):
         assert run.info().step < 100  # paused within a flush or two of step 20
     finally:
         run.close()
+
+
+def test_rollback_snapshots_add_no_host_sync(tmp_path):
+    # The refreshes run on the training thread under set_sync_debug_mode("error"): a sync raises.
+    result = ptdash("--headless", "--run-dir", "run", "--on-anomaly", "rollback", "--rollback-every", "10",
+                    str(SCRIPTS / "cuda_sync_free.py"), cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "SYNC-FREE OK" in result.stdout
+    assert "flush failed" not in (tmp_path / "run" / "engine.log").read_text()
+    with StoreReader(tmp_path / "run" / "metrics.db") as s:
+        kept = [e for e in s.events() if e.kind == "snapshot"]
+        rolled = [e for e in s.events() if e.kind == "rollback"]
+    assert kept and "(two copies)" in kept[0].message and not rolled
+
+
+def test_a_wild_batch_on_cuda_is_rolled_back_after_the_flush_that_saw_it(tmp_path):
+    import re
+
+    result = ptdash("--headless", "--run-dir", "run", "--on-anomaly", "rollback", "--rollback-every", "20",
+                    str(SCRIPTS / "cuda_wild.py"), cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    found = re.search(r"final loss (\S+) params finite (True|False)", result.stdout)
+    assert found and found.group(2) == "True" and float(found.group(1)) < 1.0, result.stdout[-3000:]
+    with StoreReader(tmp_path / "run" / "metrics.db") as s:
+        (event,) = [e for e in s.events() if e.kind == "rollback"]
+    assert event.data["from_step"] == 101 and event.data["to_step"] <= 100 < event.data["step"]
+
+
+def test_a_cuda_snapshot_restores_bit_identically():
+    from ptdash.snapshot import Snapshot, side_sources
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 1)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)
+
+    def train(n, scale=1.0):
+        for _ in range(n):
+            x = torch.randn(64, 16, device="cuda") * scale
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+
+    train(3)
+    expected = ({k: v.clone() for k, v in model.state_dict().items()},
+                {i: {k: v.clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()},
+                sched.state_dict())
+    snap, stream = Snapshot(), torch.cuda.Stream()
+    structure, sources = Snapshot.gather([model], [opt], [sched], [])
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        snap.take(3, structure, sources, stream, side_sources([model], structure, sources))
+        snap.fence()
+        train(3, scale=1e4)  # the next updates run while (or after) the copies land
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    snap.done.synchronize()
+    snap.restore([model], [opt], [sched], [])
+    torch.cuda.synchronize()
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in expected[0].items())
+    state = opt.state_dict()["state"]
+    assert all(torch.equal(v, state[i][k].to(v.device)) for i, s in expected[1].items() for k, v in s.items())
+    assert sched.state_dict() == expected[2]

@@ -47,3 +47,14 @@ def test_nothing_is_judged_before_the_warm_up_and_a_flat_loss_keeps_a_floor():
     assert 1.5 < limit(flat) < 2.0  # the spread is at least a tenth of the median
     assert _trips([1.0] * 100 + [1.2, 0.9, 1.3]) == []
     assert _trips([-5.0 + 0.01 * (i % 3) for i in range(100)] + [40.0]) == [100]
+
+
+def test_the_rows_of_one_flush_are_judged_by_the_values_before_them():
+    window = Window()
+    rows = [1.0 + 0.01 * (i % 5) for i in range(100)] + [1e5]
+    judged = []
+    for value in rows:  # one flush: no update() between the rows but what add() does
+        judged.append(window.over(value))
+        if not judged[-1]:
+            window.add(value)
+    assert judged.index(True) == 100 and judged.count(True) == 1
