@@ -309,7 +309,10 @@ def pause_text(run_dir: Path, info: RunInfo, why: Event | None, timeout: float |
     resume = "resume (the non-finite update is skipped)" if why is not None else "resume"
     lines += [f"[ptdash]   {resume}:  ptdash ctl {run_dir} resume",
               f"[ptdash]   stop, with a checkpoint:  ptdash ctl {run_dir} stop",
-              "[ptdash]   skip such updates without pausing next time:  ptdash --on-anomaly skip ..."]
+              "[ptdash]   skip such updates without pausing next time:  ptdash --on-anomaly skip ...",
+              "[ptdash]   or roll back to the last good state next time:  ptdash --on-anomaly rollback ..."]
+    if info.config.on_anomaly == "rollback" or info.config.rollback_every:
+        lines.insert(2 + bool(layer), f"[ptdash]   roll back to the last good state and go on:  ptdash ctl {run_dir} rollback")
     if timeout:
         lines.append(f"[ptdash]   nobody resuming: it stops by itself after {fmt_duration(timeout)} paused "
                      "(--pause-timeout)")

@@ -102,3 +102,19 @@ def test_the_progress_line_has_the_newest_validation_metric_the_script_printed(t
     with StoreReader(run_dir / STORE_NAME) as reader:
         line = progress_line(reader, rundir.read_info(run_dir))
     assert "| grad norm " in line and "| val_loss 1.5 @450 | " in line and "train" not in line, line
+
+
+@pytest.mark.parametrize("keeps", [False, True])
+def test_an_anomaly_pause_says_how_to_roll_back_where_the_run_can(tmp_path, keeps):
+    from ptdash.shared.config import RunConfig
+    from ptdash.tui.headless import pause_text
+
+    run_dir = make_run(tmp_path, steps=20, status="paused")
+    info = rundir.update_info(run_dir, paused_at=20, config=RunConfig(rollback_every=10 if keeps else None))
+    why = Event(kind="anomaly", step=20, wall=0.0, message="non-finite gradient before the update of step 21",
+                data={"step": 21, "action": "pause", "layer": "0.weight"})
+    text = pause_text(run_dir, info, why, None)
+    assert (f"roll back to the last good state and go on:  ptdash ctl {run_dir} rollback" in text) is keeps
+    assert "ptdash --on-anomaly rollback ..." in text
+    lines = text.splitlines()
+    assert lines[1] == "[ptdash]   layer: 0.weight" and lines[-1].endswith("--on-anomaly rollback ...")
