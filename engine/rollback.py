@@ -13,7 +13,6 @@ script's loop goes on with its next batches. See docs/rollback.md.
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Callable
 
@@ -23,7 +22,7 @@ from .shared import events
 from .shared.diskspace import fmt_bytes
 from .shared.names import GRAD_NORM, LOSS
 from .shared.protocol import Command
-from .snapshot import Snapshot, sharded_models, side_sources
+from .snapshot import Snapshot, default_memory, sharded_models, side_sources
 from .spikes import WARMUP, Window
 
 MIN_EVERY = 10
@@ -33,14 +32,6 @@ DDP_EVERY = 100
 at the same steps, so the period cannot follow each rank's own timing."""
 BUDGET_SHARE = 0.5
 """The share of the overhead budget the refreshes may take (the rest is the statistics')."""
-
-
-def default_memory() -> int:
-    """Host bytes the snapshots may take by default: a quarter of the machine's memory."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
-    except (ValueError, OSError, AttributeError):  # no sysconf here: 4 GiB
-        return 4 << 30
 
 
 class Rollback:
@@ -265,6 +256,8 @@ class Rollback:
     def _nothing(self) -> str:
         if self.off:
             return f"nothing to roll back to: {self.off}"
+        if not self._discovery.live(self._discovery.optimizers):  # steps ptdash infers (manual.py)
+            return "nothing to roll back to: the script updates its parameters itself (no torch.optim optimizer)"
         return f"nothing to roll back to yet: the first snapshot is taken at step {self.every}"
 
     def restore(self, step: int, first: int, why: str) -> None:

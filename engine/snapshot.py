@@ -23,12 +23,21 @@ sync on CUDA), so its tensors are copied directly instead.
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 
 from .checkpoint import rng_state, set_rng_state
 from .discovery import model_names, unwrap
 from .sharded import is_sharded
+
+
+def default_memory() -> int:
+    """Host bytes the snapshots may take by default: a quarter of the machine's memory."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError, AttributeError):  # no sysconf here: 4 GiB
+        return 4 << 30
 
 
 def sharded_models(models) -> bool:

@@ -87,7 +87,8 @@ def pause_and_resume(run: Run, steps_of) -> None:
 
 
 def every_command(run: Run, traces: list[Path], lrs, optimizers: int, refused: str | None) -> None:
-    """pause, resume, lr-scale, clip, clip off, checkpoint, profile, stop: each takes effect or is refused."""
+    """pause, resume, lr-scale, clip, clip off, checkpoint, profile, rollback, stop: each takes effect or
+    is refused."""
     ranks = range(len(traces))
     for path in traces:
         rows = wait_trace(path, 5)
@@ -141,6 +142,9 @@ def every_command(run: Run, traces: list[Path], lrs, optimizers: int, refused: s
     wait_for(lambda: list((run.run_dir / "profiles").glob(f"profile-step{ack['step'] + 1}-*.json")), 90,
              what="the profile's trace")
 
+    code, ack = ctl(run, "rollback")  # started without --rollback-every or --on-anomaly rollback
+    assert code == 1 and not ack["ok"] and ack["message"].startswith("this run keeps no snapshot to roll back to"), ack
+
     code, ack = ctl(run, "stop")
     assert code == 0 and ack["ok"], ack
     assert run.wait(90) == 0
@@ -193,5 +197,23 @@ def test_each_command_takes_effect_on_both_ranks_of_ddp(tmp_path):
                   options=("--nproc-per-node", "2", "--lr-scale", str(START_SCALE)))
     try:
         every_command(run, [Path(f"{path}.0"), Path(f"{path}.1")], (lambda s: LR,), 1, None)
+    finally:
+        run.close()
+
+
+def test_rollback_on_a_script_with_no_optimizer_is_refused_with_its_reason(tmp_path):
+    """Snapshots are taken at an optimizer's steps: a script that updates its parameters itself
+    keeps none, and a rollback asked for says why (not 'the first snapshot is taken at step 5')."""
+    path = tmp_path / "trace.txt"
+    run = KindRun(tmp_path, KINDS, "--kind", "manual", "--lr", str(LR), "--trace", str(path),
+                  options=("--rollback-every", "5"))
+    try:
+        wait_trace(path, 12)
+        code, ack = ctl(run, "rollback")
+        assert code == 1 and not ack["ok"], ack
+        assert ack["message"] == ("nothing to roll back to: the script updates its parameters itself "
+                                  "(no torch.optim optimizer)"), ack
+        code, ack = ctl(run, "stop")
+        assert code == 0 and run.wait(90) == 0
     finally:
         run.close()
