@@ -91,9 +91,8 @@ def test_two_ddp_ranks_roll_back_together_and_stay_identical(tmp_path):
     assert re.match(r"rank [01]: (loss|gradient norm) spike", zero["why"])
     params = [torch.load(tmp_path / f"params-{r}.pt") for r in (0, 1)]
     assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
-    for r in (0, 1):
-        found = re.search(rf"rank {r} final loss (\S+)", result.stdout)
-        assert found and float(found.group(1)) < 0.05, result.stdout[-3000:]
+    for r in (0, 1):  # from a file each: the ranks' lines can interleave in the output
+        assert float((tmp_path / f"final-{r}.txt").read_text()) < 0.05, result.stdout[-3000:]
 
 
 def _ctl(run, *words):

@@ -36,4 +36,6 @@ x = torch.randn(256, 8, generator=torch.Generator().manual_seed(12345))
 with torch.no_grad():
     final = torch.nn.functional.mse_loss(model.module(x), x[:, :4].sum(1, keepdim=True) * 0.5).item()
 print(f"rank {rank} final loss {final:.6g}", flush=True)
+with open(f"final-{rank}.txt", "w") as f:  # the two ranks' prints may interleave in one output
+    f.write(repr(final))
 dist.destroy_process_group()
