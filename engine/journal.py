@@ -94,6 +94,9 @@ class Journal:
         if state is not None:
             self.state = state
             self._wake()
+            if state == "finished" and self.step() > 0:
+                # Its total was a guess (a schedule's end, --steps); the script's own end is known now.
+                self.total_steps = self.step()
         for name in ("paused_at", "total_steps", "exit_code", "detail"):
             if name in changes:
                 setattr(self, name, changes.pop(name))

@@ -21,7 +21,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from ptdash.shared import events, stacks
+from ptdash.shared import events, names, stacks
 from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Samples, Schedule, Stacks, Status
 
 from .commands import CommandActions, keeps_snapshots
@@ -249,7 +249,7 @@ class DashboardApp(CommandActions, App[str]):
         header.connection = state.connection_note
         header.pause_reason = state.pause_reason
         self.query_one(Overview).refresh_charts(state, self.view, self.comparison.runs(state), self.comparison.by_time)
-        self.query_one(LayersView).refresh_layers(state.layers)
+        self.query_one(LayersView).refresh_layers(state.layers, names.GRAD_NORM_LOCAL in state.series)
         for view in self.query(ReportView):
             view.refresh_report(state)
         self._show_ranks_tab()

@@ -9,9 +9,14 @@ import math
 
 
 def fmt_duration(seconds: float | None) -> str:
-    """``45s``, ``3m05s``, ``1h02m``, ``2d03h``; an em dash when unknown."""
+    """``40ms``, ``0.4s``, ``45s``, ``3m05s``, ``1h02m``, ``2d03h``; an em dash when unknown. Under a
+    second in ms or tenths: a run of 0.4 s is not one of "0s"."""
     if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return "—"
+    if 0 < seconds < 0.095:
+        return f"{seconds * 1000:.0f}ms"
+    if 0 < seconds < 0.95:
+        return f"{seconds:.1f}s"
     s = int(round(seconds))
     if s < 60:
         return f"{s}s"

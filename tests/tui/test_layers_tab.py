@@ -12,8 +12,11 @@ import asyncio
 import math
 import time
 
+from ptdash.shared import names as series_names
+from ptdash.shared.store import STORE_NAME, StoreWriter
 from ptdash.tui.app import make_app
 from ptdash.tui.source.live import LiveSource
+from ptdash.tui.source.replay import ReplaySource
 from ptdash.tui.tabs.layers import natural_key
 from ptdash.tui.widgets.layer_table import LayerTable
 from ptdash.tui.widgets.layers_view import LayersView
@@ -105,3 +108,22 @@ def test_layers_tab_with_500_parameters(tmp_path):
     with FakeEngine(run_dir, step=500) as engine:
         timings = asyncio.run(asyncio.wait_for(scenario(engine), 300))
     assert len(timings) == 3
+
+
+def test_a_sharded_runs_layers_say_they_are_rank_0s_shards(tmp_path):
+    # An FSDP run records its shards' norm as grad/norm_local (engine/sharded.py): each
+    # per-layer norm is then of rank 0's part of a parameter, and the tab says so.
+    plain, sharded = (make_run(tmp_path / kind, steps=40, status="finished", exit_code=0, layers=8)
+                      for kind in ("plain", "sharded"))
+    StoreWriter(sharded / STORE_NAME).write(rows=[[40, time.time(), {series_names.GRAD_NORM_LOCAL: 0.5}]])
+
+    async def scenario(run_dir):
+        app = make_app(ReplaySource(run_dir))
+        async with app.run_test(size=(120, 36)) as pilot:
+            await until(pilot, lambda: app.state.layers.step == 40, what="layers")
+            await pilot.press("2")
+            await until(pilot, lambda: "8 parameters" in screen_text(app), what="the tab's summary")
+            return screen_text(app)
+
+    assert "rank 0's shards" not in asyncio.run(scenario(plain))
+    assert "rank 0's shards (each norm: its part of the parameter)" in asyncio.run(scenario(sharded))

@@ -63,6 +63,19 @@ def test_state_changes_publish_wake_the_flusher_and_write_run_json(tmp_path):
     assert len(sent) == 2 and woken == [1]
 
 
+def test_a_finished_run_totals_its_own_last_step_not_the_guess(tmp_path):
+    # A schedule's end (a rollback's restored scheduler says 201, a --steps given 100) is a guess;
+    # the script that ended by itself ended at its total. A stopped run keeps the guess.
+    journal, sent, _, run_dir = _journal(tmp_path)
+    journal.total_steps = 201
+    journal.set_state("finished")
+    assert sent[-1].total_steps == 7 and rundir.read_info(run_dir).total_steps == 7
+    journal, sent, _, run_dir = _journal(tmp_path / "b")
+    journal.total_steps = 201
+    journal.set_state("stopped")
+    assert sent[-1].total_steps == 201 and rundir.read_info(run_dir).total_steps == 201
+
+
 def test_every_answer_is_journaled_a_flood_of_refusals_too():
     journal, sent, _, _ = _journal()
     for n in range(100):

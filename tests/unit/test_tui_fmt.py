@@ -6,7 +6,7 @@ from ptdash.tui.fmt import command_text, eta, fmt_bytes, fmt_duration, fmt_ms, f
 
 
 @pytest.mark.parametrize("seconds, text", [
-    (None, "—"), (-1, "—"), (0, "0s"), (45.4, "45s"), (185, "3m05s"), (3720, "1h02m"), (183600, "2d03h"),
+    (None, "—"), (-1, "—"), (0, "0s"), (0.04, "40ms"), (0.44, "0.4s"), (0.96, "1s"), (45.4, "45s"), (185, "3m05s"), (3720, "1h02m"), (183600, "2d03h"),
 ])
 def test_fmt_duration(seconds, text):
     assert fmt_duration(seconds) == text

@@ -100,6 +100,7 @@ class LayersView(Widget):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.stats = LayerStats()
+        self.shards = False
         self.rows: list[LayerRow] = []
         """What the table shows now, in order."""
         self.last_update_s = 0.0
@@ -137,9 +138,14 @@ class LayersView(Widget):
 
     # ---------------------------------------------------------------- data in
 
-    def refresh_layers(self, stats: LayerStats) -> None:
-        """New statistics may have arrived: update the table, at most every UPDATE_S while shown."""
+    def refresh_layers(self, stats: LayerStats, shards: bool = False) -> None:
+        """New statistics may have arrived: update the table, at most every UPDATE_S while shown.
+        ``shards``: the parameters are sharded (FSDP), so each norm is of rank 0's part of one."""
         self.stats = stats
+        if shards != self.shards:
+            self.shards = shards
+            if self.is_mounted:
+                self._summarize()
         if stats.version == self._seen_version or not self._on_screen() or self._timer is not None:
             return
         wait = self._updated_at + UPDATE_S - time.monotonic()
@@ -219,6 +225,8 @@ class LayersView(Widget):
                  f"{'parameters' if self.grouped else 'modules'} (m)"]
         if stats.step is not None:
             parts.append(f"step {stats.step:,}")
+        if self.shards:  # what a sharded parameter's norm here is: not the whole parameter's
+            parts.insert(1, "rank 0's shards (each norm: its part of the parameter)")
         self.query_one("#layers-summary", Static).update(" · ".join(parts))
 
     def _chart(self) -> None:
