@@ -26,9 +26,10 @@ from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metric
 
 from .commands import CommandActions, keeps_snapshots
 from .compare import Comparison
+from .eventline import EventLine
 from .messages import SourceUpdate
 from .source import Backfill, Connection, History, InfoChanged, LogLines, Source
-from .state import EventLine, RunState
+from .state import RunState
 from .tabs import doctor, overview, profiler, ranks, system
 from .view import ChartView
 from .widgets.events_pane import EventsPane

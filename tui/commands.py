@@ -15,9 +15,9 @@ from ptdash.shared import names
 from ptdash.shared.limits import BOUNDS
 from ptdash.shared.protocol import Ack, Command
 
+from .eventline import EventLine
 from .fmt import command_text, fmt_typed
 from .source import new_command_id
-from .state import EventLine
 from .tabs import overview
 from .widgets.events_pane import EventsPane
 from .widgets.quit_dialog import QuitDialog

@@ -13,24 +13,10 @@ from ptdash.shared import events
 from ptdash.shared.config import RunInfo
 from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metrics, Samples, Schedule, Status
 
+from .eventline import EVENT_LEVELS, EventLine
 from .findings import Findings
 from .series import Series, StepRate, rank_wants
 from .tabs.layers import LayerStats
-
-
-@dataclass
-class EventLine:
-    """One line of the events pane: when, at which step, what, and how loud."""
-
-    wall: float
-    step: int | None
-    text: str
-    level: str = "info"
-    """``info``, ``ok``, ``warning``, ``error`` or ``dim``."""
-    kind: str = ""
-    """The event kind it shows (``checkpoint``...), or ``command`` for a command's own line."""
-    command_id: str | None = None
-    """The command whose line this is, from "sent" to its ack."""
 
 
 @dataclass
@@ -392,8 +378,3 @@ class RunState:
         elif isinstance(what, events.Hint):
             self.hint = event.message
         return what
-
-
-EVENT_LEVELS = {"anomaly": "error", "oom": "error", "warning": "warning", "hint": "warning", "checkpoint": "ok",
-                "finding": "finding"}
-"""How loud each event kind is in the events pane (a doctor's finding has a look of its own)."""

@@ -6,7 +6,7 @@ import time
 
 from rich.text import Text
 
-from ..state import EventLine
+from ..eventline import EventLine
 from .follow_log import FollowLog
 
 LEVEL_STYLES = {"ok": "green", "error": "bold red", "warning": "yellow", "dim": "dim", "info": "",
