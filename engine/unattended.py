@@ -32,21 +32,10 @@ import time
 from typing import Callable
 
 from .controls import StopTraining
+from .shared.exits import STOP_GRACE_S
 from .shared.protocol import Command
 
 log = logging.getLogger("ptdash.unattended")
-
-def _grace() -> float:
-    try:
-        value = float(os.environ.get("PTDASH_STOP_GRACE", "20"))
-    except ValueError:
-        return 20.0
-    return value if 0 < value < 86400 else 20.0
-
-
-STOP_GRACE_S = _grace()
-"""Seconds a SIGTERM waits for a step boundary before the script is stopped between steps
-(``PTDASH_STOP_GRACE`` sets it, for a scheduler whose notice is shorter or longer)."""
 
 
 def multi_rank() -> bool:

@@ -6,7 +6,8 @@ store, says plainly what needs a person (an anomaly pause: what, where, and the 
 that answer it; a full disk), and waits for the run to end.
 
 Signals mean what they mean elsewhere: SIGINT (Ctrl-C) and SIGTERM (``timeout``, a batch
-scheduler) stop the run cleanly, with a checkpoint; a second one kills it. SIGHUP (the
+scheduler) stop the run cleanly, with a checkpoint; a second one kills it, and a stop the
+engine cannot answer (no Python thread of it runs) ends in a kill from here (hardstop.py). SIGHUP (the
 terminal went away) detaches: the run goes on by itself. A front that dies any other way
 (SIGKILL, a crash) closes its link and the engine stops the run cleanly. Output errors
 (a closed pipe) never stop any of this: the front then only stops printing.
@@ -34,6 +35,7 @@ from ptdash.shared.store import STORE_NAME
 
 from .ctl import send_command
 from .fmt import eta, fmt_duration
+from .hardstop import HardStop
 from .series import StepRate
 
 SHOWN_KINDS = ("anomaly", "warning", "store", "disk", "oom", "stall", "node", "doctor", "rollback", "snapshot")
@@ -110,6 +112,7 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
     """
     front = FrontLink(link) if link is not None else None
     signals = {"count": 0, "at": 0.0, "hangup": False}
+    hard = HardStop(run_dir, proc)
 
     def on_stop(signum, _frame):
         now = time.monotonic()
@@ -126,6 +129,7 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
             if info is not None and info.status in ENDED and info.exit_code is not None:
                 signals["ended"] = (info.status, info.exit_code)
         # The command first: printing may fail (a closed pipe), the stop must not.
+        hard.asked(name)
         try:
             send_command(run_dir, Command(id=uuid.uuid4().hex[:8], name=name), wait=False)
         except (TransportError, OSError, ValueError):
@@ -167,6 +171,12 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
                 say(f"[ptdash] the terminal went away: training goes on by itself; watch it with: "
                     f"ptdash attach {run_dir}")
                 return -signal.SIGHUP
+            why = hard.due()
+            if why is not None:
+                kept = hard.kill()
+                signals["killed"] = why
+                say(f"[ptdash] {why}: killing it" + (f" ({kept} bytes of its output, which the engine "
+                                                      "could not copy, kept in output.log)" if kept else ""))
             due = time.monotonic() - last_progress >= every
             watcher.poll(due)
             if due:
@@ -178,7 +188,7 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
     watcher.poll(True, final=True)
     if signals.get("ended") and code == -signal.SIGKILL:
         code = signals["ended"][1]  # killed after its end was recorded: the run's own exit code
-    info = _ended(run_dir, code)
+    info = _ended(run_dir, code, signals.get("killed"))
     with wait_for_store(run_dir / STORE_NAME, 1) or nullcontext() as reader:
         line = progress_line(reader, info) if reader else ""
     say(f"[ptdash] {info.status} ({describe_exit(code)}); {line.removeprefix('[ptdash] ')}"
@@ -193,16 +203,20 @@ def _is_terminal() -> bool:
         return False
 
 
-def _ended(run_dir: Path, code: int) -> RunInfo:
+def _ended(run_dir: Path, code: int, killed: str | None = None) -> RunInfo:
     """run.json once the engine has exited: an engine killed from outside (the OOM killer,
-    SIGKILL) could not say how it ended, so its parent says it."""
+    SIGKILL, this front: ``killed`` says why) could not say how it ended, so its parent says it."""
     info = rundir.read_info(run_dir)
     if info.status in ENDED:
         return info
+    if killed:
+        detail = f"killed by ptdash: {killed}"
+    elif code < 0:
+        detail = f"the engine was {describe_exit(code)}"
+    else:
+        detail = f"the engine exited with code {code} before recording how the run ended"
     try:
-        info = rundir.update_info(run_dir, status="crashed", exit_code=code, ended=time.time(),
-                                  detail=f"the engine was {describe_exit(code)}" if code < 0 else
-                                  f"the engine exited with code {code} before recording how the run ended")
+        info = rundir.update_info(run_dir, status="crashed", exit_code=code, ended=time.time(), detail=detail)
         rundir.unregister(info.id)
     except (OSError, ValueError):
         pass

@@ -1,0 +1,116 @@
+"""A stop nobody can answer, through the real CLI: the script sits in a C call that holds
+the GIL, so no thread of its process runs Python (tui/hardstop.py).
+
+Plain python dies of a SIGTERM there; under ptdash the engine's stop needs Python, so the
+headless front kills the run itself once the stop goes unanswered, keeps what the script
+wrote before it hung, and leaves no process behind. Every wait is on something observable
+(a file the script writes, a line of the front's, a process's exit).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ptdash.shared import rundir
+from ptdash.tui.hardstop import HardStop
+from support.runner import ENV, wait_for
+
+CLI = [sys.executable, "-m", "ptdash.tui.cli"]
+HANGS = """\
+import os, sys, torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(20):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+sys.stdout.write("the last line before the hang\\n")
+sys.stdout.flush()
+open(sys.argv[1], "w").close()
+sum(range(10 ** 15))  # one C call: the GIL is never let go
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start(tmp_path: Path, grace: str):
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    out = open(tmp_path / "front.out", "wb")
+    proc = subprocess.Popen([*CLI, "--headless", "--run-dir", str(tmp_path / "run"), str(script),
+                             str(tmp_path / "entered")], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env={**ENV, "PTDASH_STOP_GRACE": grace})
+    wait_for(lambda: (tmp_path / "entered").exists(), 120, what="the script to enter its C call")
+    return proc, rundir.read_info(tmp_path / "run").pid
+
+
+def test_an_unanswerable_stop_kills_the_run_and_keeps_its_last_output(tmp_path):
+    proc, engine = _start(tmp_path, grace="1")
+    try:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(180)
+        text = (tmp_path / "front.out").read_text()
+        assert code == 128 + signal.SIGKILL, text[-2000:]
+        assert "the engine did not answer the stop within 11 s" in text
+        assert not _alive(engine)  # nothing left running at 100% CPU
+        info = rundir.read_info(tmp_path / "run")
+        assert info.status == "crashed" and info.detail.startswith("killed by ptdash: the engine did not answer")
+        assert "the last line before the hang" in (tmp_path / "run" / "output.log").read_text()
+        assert "the last line before the hang" in text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if _alive(engine):
+            os.kill(engine, signal.SIGKILL)
+
+
+def test_a_second_signal_kills_at_once_whatever_the_engine_says(tmp_path):
+    proc, engine = _start(tmp_path, grace="600")  # the unanswered stop alone would wait 10 min
+    try:
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: b"stopping cleanly" in (tmp_path / "front.out").read_bytes(), 60, what="the stop")
+        time.sleep(0.6)  # past REPEAT_S, the span in which a second signal is the same one
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+        text = (tmp_path / "front.out").read_text()
+        assert code == 128 + signal.SIGKILL, text[-2000:]
+        assert "SIGTERM again: killing the run" in text and "did not end within 3 s of the kill" in text
+        assert not _alive(engine)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if _alive(engine):
+            os.kill(engine, signal.SIGKILL)
+
+
+def test_the_kill_keeps_what_waits_in_the_pipe_and_kills_the_children_too(tmp_path):
+    # A process whose output nobody reads (the stuck relay) and a child of its own: what it
+    # wrote reaches output.log, and neither process is left.
+    code = ("import os, subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "os.write(1, b'unread output\\n')\n"
+            "open(sys.argv[1], 'w').write(str(child.pid))\n"
+            "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "child")], stdout=subprocess.PIPE)
+    try:
+        wait_for(lambda: (tmp_path / "child").exists() and (tmp_path / "child").read_text(), 60, what="the child")
+        child = int((tmp_path / "child").read_text())
+        stop = HardStop(tmp_path, proc, clock=lambda: 0.0)
+        assert stop.kill() == len(b"unread output\n")
+        assert (tmp_path / "output.log").read_bytes() == b"unread output\n"
+        proc.wait(30)
+        wait_for(lambda: not _alive(child), 30, what="the child to die")
+    finally:
+        proc.kill()
+        proc.wait()

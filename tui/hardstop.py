@@ -1,0 +1,138 @@
+"""When the engine cannot answer a stop: the headless front kills the run itself.
+
+A SIGTERM (``timeout``, a batch scheduler) asks the engine for a clean stop, and the
+engine takes it on a thread of its own: the run's state turns ``stopping`` at once,
+whatever the script is doing. A script inside a C call that holds the GIL (a native
+extension's loop, ``sum(range(10**12))``) runs no Python thread, so nothing answers:
+plain python would have died of the signal, and under ptdash the run would go on
+forever. So the front waits for the answer (the stop grace period, and UNANSWERED_S
+more) and then kills the run; a second signal kills it after KILL_WAIT_S whatever the
+engine says. A run that answered is never killed for being slow: its checkpoint may
+take minutes.
+
+Before the kill, what the script wrote that the engine's output relay (a thread in the
+same process, as stuck as the rest) could not copy is read from the pipe and appended
+to output.log: the last lines before a hang are the ones a user needs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from ptdash.shared import rundir
+from ptdash.shared.exits import STOP_GRACE_S
+from ptdash.shared.protocol import ENDED
+
+UNANSWERED_S = 10.0
+"""Past the stop grace period, how long a stop may go unanswered before the run is killed."""
+KILL_WAIT_S = 3.0
+"""How long a second signal's kill command may take before the run is killed from here."""
+
+
+class HardStop:
+    """``asked(kind)`` when a stop or kill was sent; ``due()`` in the front's loop says when to
+    kill (and what to say); ``kill()`` does it. The clock is injectable for tests."""
+
+    def __init__(self, run_dir: Path, proc: subprocess.Popen, clock=time.monotonic) -> None:
+        self._run_dir, self._proc, self._clock = run_dir, proc, clock
+        self._at: float | None = None
+        self._kind = ""
+
+    def asked(self, kind: str) -> None:
+        wait = KILL_WAIT_S if kind == "kill" else STOP_GRACE_S + UNANSWERED_S
+        self._at, self._kind = self._clock() + wait, kind
+
+    def due(self) -> str | None:
+        """Why the run is to be killed now, or None."""
+        if self._at is None or self._clock() < self._at or self._proc.poll() is not None:
+            return None
+        self._at = None
+        if self._kind == "kill":
+            return f"the run did not end within {KILL_WAIT_S:g} s of the kill"
+        try:
+            state = rundir.read_info(self._run_dir).status
+        except (OSError, ValueError):
+            state = None
+        if state == "stopping" or state in ENDED:
+            return None  # it answered: its stop is under way (a checkpoint may take long)
+        return (f"the engine did not answer the stop within {STOP_GRACE_S + UNANSWERED_S:g} s "
+                "(no Python thread of the script's process runs: a C call holding the GIL?)")
+
+    def kill(self) -> int:
+        """Keep what the stuck relay could not copy, then SIGKILL the run's processes; the
+        bytes kept."""
+        pids = _tree(self._proc.pid)
+        kept = _drain(pids, self._run_dir / "output.log")
+        for pid in reversed(pids):  # the children first: none is left orphaned, running on
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        return kept
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, parents before children."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop(0)
+        out.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    todo += [int(child) for child in f.read().split()]
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def _drain(pids: list[int], log_path: Path) -> int:
+    """Append to ``log_path`` what waits in the pipes the processes' stdout and stderr are
+    (each pipe once: the processes share them)."""
+    seen, kept = set(), 0
+    for pid in pids:
+        for fd in (1, 2):
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                target = os.readlink(path)
+            except OSError:
+                continue
+            if not target.startswith("pipe:") or target in seen:
+                continue
+            seen.add(target)
+            kept += _copy_pipe(path, log_path)
+    return kept
+
+
+def _copy_pipe(path: str, log_path: Path) -> int:
+    try:
+        pipe = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return 0
+    chunks = []
+    try:
+        while True:
+            data = os.read(pipe, 1 << 16)
+            if not data:
+                break
+            chunks.append(data)
+    except (BlockingIOError, OSError):
+        pass
+    finally:
+        os.close(pipe)
+    data = b"".join(chunks)
+    if data:
+        try:
+            with open(log_path, "ab") as f:
+                f.write(data)
+        except OSError:
+            return 0
+    return len(data)
