@@ -54,13 +54,15 @@ class HardStop:
         if self._kind == "kill":
             return f"the run did not end within {KILL_WAIT_S:g} s of the kill"
         try:
-            state = rundir.read_info(self._run_dir).status
+            info = rundir.read_info(self._run_dir)
         except (OSError, ValueError):
-            state = None
-        if state == "stopping" or state in ENDED:
+            info = None
+        if info is not None and (info.status == "stopping" or info.status in ENDED):
             return None  # it answered: its stop is under way (a checkpoint may take long)
-        return (f"the engine did not answer the stop within {STOP_GRACE_S + UNANSWERED_S:g} s "
-                "(no Python thread of the script's process runs: a C call holding the GIL?)")
+        # Under DDP the stop waits for every rank at one step: a stalled rank never comes.
+        why = (info.stalled.split(";")[0] if info is not None and info.stalled else
+               "no Python thread of the script's process runs: a C call holding the GIL?")
+        return f"the engine did not answer the stop within {STOP_GRACE_S + UNANSWERED_S:g} s ({why})"
 
     def kill(self) -> int:
         """Keep what the stuck relay could not copy, then SIGKILL the run's processes; the

@@ -114,3 +114,58 @@ def test_the_kill_keeps_what_waits_in_the_pipe_and_kills_the_children_too(tmp_pa
     finally:
         proc.kill()
         proc.wait()
+
+
+DDP_HANGS = """\
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(1000):
+    if step == 10 and dist.get_rank() == 1:
+        open(sys.argv[1], "w").close()
+        sum(range(10 ** 15))  # rank 1 holds its GIL; rank 0 waits for it in backward
+    opt.zero_grad()
+    model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+"""
+
+
+def test_under_ddp_a_stop_a_stalled_rank_blocks_kills_every_rank(tmp_path):
+    script = tmp_path / "ddp_hangs.py"
+    script.write_text(DDP_HANGS)
+    out = open(tmp_path / "front.out", "wb")
+    proc = subprocess.Popen([*CLI, "--headless", "--run-dir", str(tmp_path / "run"), "--nproc-per-node", "2",
+                             "--stall-timeout", "2", str(script), str(tmp_path / "entered")], cwd=tmp_path,
+                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env={**ENV, "PTDASH_STOP_GRACE": "1"})
+    try:
+        wait_for(lambda: (tmp_path / "entered").exists(), 180, what="rank 1 to enter its C call")
+        wait_for(lambda: rundir.read_info(tmp_path / "run").stalled, 120, what="the stall")
+        ranks = _children(proc.pid)
+        assert len(ranks) >= 2, ranks  # the launcher's two ranks (and what they started)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(180)
+        text = (tmp_path / "front.out").read_text()
+        assert code == 128 + signal.SIGKILL, text[-2000:]
+        assert "did not answer the stop within 11 s (rank 1 stalled" in text
+        wait_for(lambda: not any(_alive(pid) for pid in ranks), 30, what="every rank to be gone")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _children(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    """Every process under ``pid`` (the launcher's ranks), from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                found = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += found
+            todo += found
+    return out

@@ -53,3 +53,13 @@ def test_a_kill_is_due_soon_whatever_the_state_and_never_for_an_ended_process(tm
     stop.asked("kill")
     now[0] += KILL_WAIT_S
     assert stop.due() is None
+
+
+def test_under_ddp_the_stalled_rank_is_why(tmp_path, sleeper):
+    run_dir = rundir.create(tmp_path, "r")
+    rundir.update_info(run_dir, status="running", stalled="rank 1 stalled: no step for 5 s (at step 9); the others wait")
+    now = [0.0]
+    stop = HardStop(run_dir, sleeper, clock=lambda: now[0])
+    stop.asked("stop")
+    now[0] = STOP_GRACE_S + UNANSWERED_S
+    assert stop.due().endswith("(rank 1 stalled: no step for 5 s (at step 9))")
