@@ -12,13 +12,13 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from .doctor.rules import RULES
 from .shared import events, packed, stacks
-from .shared.protocol import Event, LayerNames, Layers, Message, Metrics, Samples, Schedule
+from .shared.protocol import ENDED, Event, LayerNames, Layers, Message, Metrics, Samples, Schedule
 from .shared.wire import from_dict
 
 log = logging.getLogger("ptdash.ranks")
@@ -59,7 +59,10 @@ class RankCollector:
         self._lock = threading.Lock()
         self._progress: dict[int, tuple[int, float]] = {}
         """Rank -> (its newest step, when it arrived)."""
-        self._stalled = False
+        self._walls: dict[int, float] = {}
+        """Rank -> the wall time its newest step ended at (the row's own)."""
+        self._stall: OpenStall | None = None
+        """The stall going on."""
         self.stalled: str | None = None
         """What the newest stall is (for run.json), or None while every rank makes steps."""
         self.stacks: Callable[[], list[dict]] | None = None
@@ -77,7 +80,7 @@ class RankCollector:
         """Write and publish what the ranks sent; look for stalls (flusher thread)."""
         now = time.monotonic()
         if own_rows:
-            self._advanced(0, own_rows[-1][0], now)
+            self._advanced(0, own_rows, now)
         while self._queue:
             rank, payload = self._queue.popleft()
             try:
@@ -98,30 +101,37 @@ class RankCollector:
             self._publish(event)
         if rows:
             self._publish(Metrics(rows=rows, rank=rank))
-            self._advanced(rank, rows[-1][0], now)
+            self._advanced(rank, rows, now)
         if samples:
             self._publish(Samples(rows=samples, rank=rank))
 
-    def _advanced(self, rank: int, step: int, now: float) -> None:
-        """A flush of ``rank`` ends at ``step``: progress only if it is a step not seen yet (a
-        row of a step seen already holds what the script printed since, not a step made)."""
+    def _advanced(self, rank: int, rows: list, now: float) -> None:
+        """A flush of ``rank`` (its ``[step, wall, values]`` rows): progress only if its last is a
+        step not seen yet (a row of a step seen already holds what the script printed since, not
+        a step made). The first step after a stall's is when the stall ended."""
+        step, wall = rows[-1][0], rows[-1][1]
         if self._progress.get(rank, (None, 0.0))[0] != step:
             self._progress[rank] = (step, now)
+            self._walls[rank] = wall
+            stall = self._stall
+            if stall is not None and stall.resumed is None:
+                stall.resumed = next((r[1] for r in rows if r[0] > stall.steps.get(rank, -1)), wall)
 
     def _watch(self, now: float) -> None:
         """A stall is named once: the ranks behind the others, or a stopped process; a rank
-        that only waits for a stalled one (its peers block in a collective) is not named."""
-        if self._state() != "running" or not self._progress:
+        that only waits for a stalled one (its peers block in a collective) is not named. It is
+        over when some rank makes a step again, or when the run ends."""
+        state = self._state()
+        if state in ENDED and self._stall is not None:
+            self._over(with_run=True)
+        if state != "running" or not self._progress:
             return
         quiet = {rank: step for rank, (step, since) in self._progress.items() if now - since > self._stall_seconds}
         if len(quiet) < len(self._progress):
-            if self._stalled:
-                self._stalled, self.stalled = False, None
-                self._event(events.Stall(step=min(step for step, _ in self._progress.values()), ended=True),
-                            "every rank makes steps again")
-                self._on_stall(None)
+            if self._stall is not None:
+                self._over(with_run=False)
             return
-        if self._stalled:
+        if self._stall is not None:
             return
         since = max(t for _, t in self._progress.values())
         stopped = [rank for rank, pid in sorted(self._pids().items()) if _process_state(pid) == "T"]
@@ -134,24 +144,27 @@ class RankCollector:
         else:
             culprits, why = [], ""
         seconds = now - since
-        self._stalled = True
+        started = max(self._walls.values(), default=time.time() - seconds)
+        self._stall = stall = OpenStall(step=lowest, started=started,
+                                        steps={rank: step for rank, (step, _) in self._progress.items()})
         if self.stacks is None:
-            self._name_stall(lowest, culprits, why, seconds, [])
+            self._name_stall(stall, culprits, why, seconds, [])
         else:  # the ranks answer within seconds; the flusher does not wait for them
-            threading.Thread(target=self._stall_with_stacks, args=(lowest, culprits, why, seconds),
+            threading.Thread(target=self._stall_with_stacks, args=(stall, culprits, why, seconds),
                              name="ptdash-stall-stacks", daemon=True).start()
 
-    def _stall_with_stacks(self, lowest: int, culprits: list[int], why: str, seconds: float) -> None:
+    def _stall_with_stacks(self, stall: OpenStall, culprits: list[int], why: str, seconds: float) -> None:
         try:
             taken = self.stacks()
         except Exception:  # noqa: BLE001 - the stall is named without them
             log.exception("could not take the ranks' stacks at a stall")
             taken = []
-        self._name_stall(lowest, culprits, why, seconds, taken)
+        self._name_stall(stall, culprits, why, seconds, taken)
 
-    def _name_stall(self, lowest: int, culprits: list[int], why: str, seconds: float, taken: list[dict]) -> None:
+    def _name_stall(self, stall: OpenStall, culprits: list[int], why: str, seconds: float, taken: list[dict]) -> None:
+        lowest = stall.step
         ranks = stacks.read(taken)
-        where = stacks.summary(ranks, seconds) if len(ranks) else ""
+        where = stacks.summary(ranks, seconds, so_far=True) if len(ranks) else ""
         if not culprits and ranks:
             culprits = stacks.culprits(ranks)
             if culprits:
@@ -163,15 +176,71 @@ class RankCollector:
             text = f"no rank made a step for {seconds:.0f} s (all at step {lowest})"
         if where:
             text += f": {where}"
-        if self._stalled:  # not already over while the stacks were taken
-            self.stalled = text
-        self._event(events.Stall(step=lowest, ranks=tuple(culprits), seconds=seconds, why=why, where=where,
-                                 stacks=tuple(ranks)), text)
+        with self._lock:
+            current = self._stall is stall  # not already over while the stacks were taken
+            if current:
+                self.stalled = text
+            self._event(events.Stall(step=lowest, ranks=tuple(culprits), seconds=seconds, started=stall.started,
+                                     why=why, where=where, stacks=tuple(ranks)), text)
+            if where:
+                self._finding(lowest, where, seconds, over=False)
+            stall.ranks, stall.named = ranks, True
+            ended = stall.ended
+        if current:
+            self._on_stall(text)
+        if ended is not None:  # it was over before its stacks came: its end follows its start
+            self._journal_end(stall, *ended)
+
+    def _finding(self, step: int, where: str, seconds: float, over: bool, with_run: bool = False) -> None:
+        """The stall's doctor finding (a case a stall: each one its own); raised again when the
+        stall is over, with its whole length (readers keep the newest words of a finding)."""
+        rule = RULES["stalled"]
+        self._event(events.Finding(id="stalled", what=where, why=rule.why, fix=rule.fix, severity=rule.severity,
+                                   step=step, case=f"step {step}",
+                                   extra={"seconds": round(seconds, 3), "over": over, "with_run": with_run}),
+                    f"stalled: {where}")
+
+    def _over(self, with_run: bool) -> None:
+        """The stall is over: its whole length, from its last step before to the first step after
+        (the rows' own times), or to now when the run ended during it."""
+        stall, self._stall, self.stalled = self._stall, None, None
+        self._on_stall(None)
+        if stall.resumed is not None:  # a rank stepped in the flush that saw the run end too
+            with_run = False
+        end = stall.resumed if stall.resumed is not None else time.time()
+        with self._lock:
+            stall.ended = (max(0.0, end - stall.started), with_run)
+            if not stall.named:
+                return  # its start is not journaled yet: _name_stall journals the end after it
+        self._journal_end(stall, *stall.ended)
+
+    def _journal_end(self, stall: OpenStall, seconds: float, with_run: bool) -> None:
+        how = "the run ended while stalled" if with_run else "every rank makes steps again"
+        where = stacks.summary(stall.ranks, seconds) if stall.ranks else ""
+        self._event(events.Stall(step=stall.step, seconds=seconds, started=stall.started, ended=True,
+                                 with_run=with_run, where=where),
+                    f"the stall at step {stall.step} is over after {seconds:.0f} s: {how}")
         if where:
-            self._event(events.Finding(id="stalled", what=where, why=RULES["stalled"].why, fix=RULES["stalled"].fix,
-                                       severity=RULES["stalled"].severity, step=lowest, case=f"step {lowest}"),
-                        f"stalled: {where}")  # a case a stall: each one its own finding
-        self._on_stall(text)
+            self._finding(stall.step, f"{where}{'; the run ended while stalled' if with_run else ''}", seconds,
+                          over=True, with_run=with_run)
+
+
+@dataclass
+class OpenStall:
+    """The stall going on, as the hub keeps it until it is over and journaled."""
+
+    step: int
+    started: float
+    """The wall time of the newest step before it."""
+    steps: dict[int, int]
+    """Each rank's newest step when it was named: a step past it ends the stall."""
+    resumed: float | None = None
+    """The wall time of the first step after it."""
+    ranks: list = field(default_factory=list)
+    """Every rank's stacks, taken when it was named."""
+    named: bool = False
+    ended: tuple[float, bool] | None = None
+    """(its length, whether the run's end ended it), once over."""
 
 
 def _process_state(pid: int) -> str | None:

@@ -42,8 +42,9 @@ def cmd_doctor(argv: list[str]) -> int:
         print(f"ptdash: error: {message[0] if message else type(exc).__name__}", file=sys.stderr)
         return 1
     steps = run.info.step
+    until = {"ended_at": run.info.ended, "live": run.live}  # how long a stall the engine did not end lasted
     if args.json:
-        found, warnings = fold(events)
+        found, warnings = fold(events, **until)
         print(json.dumps({"run_dir": str(run.path), "name": run.info.name, "state": run.state, "step": steps,
                           "findings": [dataclasses.asdict(f) for f in found],
                           "warnings": [e.message for e in warnings],
@@ -51,19 +52,20 @@ def cmd_doctor(argv: list[str]) -> int:
                                       for e in _printed(events)]}, indent=2))
         return 1 if found else 0
     title = f"{run.path.name} ({run.state}" + (f" at step {steps}" if steps is not None else "") + ")"
-    text, count = render(title, events, width=min(100, shutil.get_terminal_size((100, 24)).columns))
+    text, count = render(title, events, width=min(100, shutil.get_terminal_size((100, 24)).columns), **until)
     print(text)
     return 1 if count else 0
 
 
-def fold(events: list[Event]) -> tuple[list[Finding], list[Event]]:
-    """The findings in ``events`` in the order raised (one per rule, naming its ranks), and
+def fold(events: list[Event], ended_at: float | None = None, live: bool = False) -> tuple[list[Finding], list[Event]]:
+    """The findings in ``events`` in the order raised (one per rule, naming its ranks; a stall the
+    engine could not end measured to the run's end, ``ended_at``, or to now while ``live``), and
     the script's own Python warnings."""
     folded = Findings()
     for event in events:
         folded.add(event)
     warnings = [e for e in events if _python_warning(e)]
-    return folded.newest_first()[::-1], warnings
+    return folded.newest_first(ended_at, live)[::-1], warnings
 
 
 def _python_warning(event: Event) -> bool:
@@ -71,13 +73,14 @@ def _python_warning(event: Event) -> bool:
     return isinstance(what, Warned) and what.origin == "python"
 
 
-def render(title: str, events: list[Event], width: int = 100) -> tuple[str, int]:
+def render(title: str, events: list[Event], width: int = 100, ended_at: float | None = None,
+           live: bool = False) -> tuple[str, int]:
     """The report for a run's events, and its number of findings.
 
     A finding raised by several ranks of a DDP run is shown once, naming the ranks (the
     same fold as the Doctor tab's).
     """
-    found, warnings = fold(events)
+    found, warnings = fold(events, ended_at, live)
     noun = "finding" if len(found) == 1 else "findings"
     lines = [f"ptdash doctor: {title}: " + (f"{len(found)} {noun}" if found else "no findings")]
     for number, finding in enumerate(found, 1):

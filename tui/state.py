@@ -363,6 +363,7 @@ class RunState:
             if what.id == "no-step":
                 self.no_step = what.what or event.message
         elif isinstance(what, events.Stall):
+            self.findings.add(event)  # its stacks say, once the run is over, how long a stall not ended lasted
             self.stacks = (f"at the stall at step {what.step}", what.stacks) if what.stacks else self.stacks
             if what.ended:
                 self.stalled.clear()

@@ -77,8 +77,10 @@ def summarize(run: RunSummary) -> dict:
             if isinstance(answer, events.CommandAnswer) and answer.ok and answer.name in ("clip", "lr_scale"):
                 step = answer.applied_step if answer.applied_step is not None else event.step
                 out["changes"].append({"name": answer.name, "value": answer.value, "step": step})
-        out["findings"] = [{"id": f.id, "severity": f.severity, "what": f.what, "step": f.step, "ranks": f.ranks}
-                           for f in findings.newest_first()[::-1]]
+        out["findings"] = [{"id": f.id, "severity": f.severity, "what": f.what, "step": f.step, "ranks": f.ranks,
+                            **({k: f.extra.get(k) for k in ("seconds", "over", "with_run")} if f.id == "stalled"
+                               else {})}
+                           for f in findings.newest_first(info.ended, run.live)[::-1]]
         out["damage"] = str(reader.damage) if reader.damage else None
     return out
 
@@ -166,6 +168,11 @@ def render(s: dict) -> str:
     found = s["findings"]
     lines.append(_row("findings", f"{len(found)}: " + ", ".join(f"{f['id']} ({f['severity']})" for f in found)
                       + f"  (ptdash doctor {s['run_dir']})" if found else "none"))
+    stalls = [f for f in found if f["id"] == "stalled" and f.get("seconds") is not None]
+    if stalls:  # each stall's whole length (or so far, or until the run ended during it)
+        lines.append(_row("stalls", "; ".join(
+            f"step {f['step']:,}: {fmt_duration(f['seconds'])}" + ("" if f["over"] else " so far")
+            + (" (the run ended while stalled)" if f["with_run"] else "") for f in stalls)))
     if s.get("cost"):
         c = s["cost"]
         said = cost_line(c["step_pct"], c["threads_pct"], c["budget_pct"])

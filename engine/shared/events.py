@@ -150,15 +150,21 @@ class Snapshot(EventData):
 @dataclass(frozen=True)
 class Stall(EventData):
     """No rank made a step for a while: ``ranks`` are the ones named as the cause (empty when
-    every rank waits at the same step); ``ended`` once every rank makes steps again."""
+    every rank waits at the same step). A second event, ``ended``, says the stall is over (some
+    rank made a step again, or the run ended while stalled) and its whole length in ``seconds``."""
 
     kind: ClassVar[str] = "stall"
     step: int | None = None
     """The lowest step among the ranks (where the stalled ones stand)."""
     ranks: tuple[int, ...] = ()
     seconds: float | None = None
+    """How long no rank had made a step: when it was named, or (``ended``) the whole stall."""
+    started: float | None = None
+    """The wall time of the newest step before the stall (its start)."""
     why: str = ""
     ended: bool = False
+    with_run: bool = False
+    """The stall ended because the run did (the script ended or was stopped while stalled)."""
     where: str = ""
     """Where the ranks were, by their stacks ("rank 1 was in `slow` (train.py:12) for 40 s; ...")."""
     stacks: tuple[RankStacks, ...] = ()

@@ -246,9 +246,10 @@ def mismatch(ranks: list[RankStacks]) -> str:
     return "; ".join(out)
 
 
-def summary(ranks: list[RankStacks], seconds: float | None = None) -> str:
+def summary(ranks: list[RankStacks], seconds: float | None = None, so_far: bool = False) -> str:
     """One sentence: "rank 1 was in `slow` (train.py:12) for 40 s; rank 0 waited in
-    `loss.backward()` (train.py:15)" (the ranks the others wait for first)."""
+    `loss.backward()` (train.py:15)" (the ranks the others wait for first). With ``seconds``
+    (a stall's length; ``so_far`` while it lasts) the length is said even when every rank waits."""
     if not ranks:
         return ""
     named = culprits(ranks)
@@ -257,7 +258,7 @@ def summary(ranks: list[RankStacks], seconds: float | None = None) -> str:
         kind, words = doing(r)
         spot = where(r)
         groups.setdefault((spot, kind if kind in WAITING or not spot else words), []).append(r.rank)
-    lasting = f" for {seconds:.0f} s" if seconds else ""
+    lasting = f" for {seconds:.0f} s{' so far' if so_far else ''}" if seconds is not None else ""
     parts = []
     for (spot, what), numbers in sorted(groups.items(), key=lambda g: (not set(g[1]) & set(named), g[1])):
         first = ranks[[r.rank for r in ranks].index(numbers[0])]
@@ -272,6 +273,8 @@ def summary(ranks: list[RankStacks], seconds: float | None = None) -> str:
             parts.append(f"{_ranks(numbers)} {'was' if len(numbers) == 1 else 'were'} in {spot}{lasting}"
                          + ("" if kind == "python" else f", {words}"))
     text = "; ".join(parts)
+    if lasting and lasting not in text:
+        text += f"; no rank made a step{lasting}"
     more = mismatch(ranks)
     return f"{text}; {more}" if more else text
 

@@ -136,7 +136,7 @@ def test_a_stopped_rank_is_named_stalled_and_the_rank_waiting_for_it_is_not(tmp_
             assert "stalled" in run.info().stalled
         finally:
             os.kill(rank1, signal.SIGCONT)
-        wait_for(lambda: any(e.message == "every rank makes steps again" for e in _events(run)), 60,
+        wait_for(lambda: any(e.message.endswith(": every rank makes steps again") for e in _events(run)), 60,
                  what="the ranks to make steps again")
         # Rank 0 waited for rank 1 (the stall's stacks say so): it is never named stalled.
         stalls = [events.read(e) for e in _events(run) if e.kind == "stall"]

@@ -4,7 +4,8 @@
 --hang data: its DataLoader worker blocks, so it waits in the loader's queue;
 --hang collective: it skips the metric all_reduce the other ranks make, and waits in a barrier;
 --hang gil: it runs a regular expression that backtracks for minutes, in C, holding the GIL;
---hang none: no hang. Each step sleeps --sleep."""
+--hang none: no hang. Each step sleeps --sleep. --then raise: the spinning rank raises once its
+--for seconds are over (a job that gives up waiting), instead of going on."""
 import argparse
 import os
 import re
@@ -22,6 +23,7 @@ p.add_argument("--rank", type=int, default=1)
 p.add_argument("--steps", type=int, default=100000)
 p.add_argument("--sleep", type=float, default=0.01)
 p.add_argument("--for", dest="seconds", type=float, default=3600, help="how long the Python loop spins")
+p.add_argument("--then", default="go", choices=("go", "raise"))
 args = p.parse_args()
 
 multi = "RANK" in os.environ
@@ -58,6 +60,8 @@ loader = DataLoader(Batches(), batch_size=None, num_workers=1 if args.hang == "d
 for step, x in enumerate(loader, 1):
     if stuck and args.hang == "python" and step == args.at:
         wait_for_lost_shard()
+        if args.then == "raise":
+            raise TimeoutError("the lost shard never came")
     if stuck and args.hang == "gil" and step == args.at:
         re.match(r"(a+)+$", "a" * 40 + "b")  # no Python frame runs, and no thread of this process
     loss = (model(x[None]) - x.sum()).pow(2).mean()

@@ -93,4 +93,4 @@ def test_a_row_of_a_step_seen_already_is_not_a_step_made():
     collector.collect([[5, 1.0, {names.printed("val_loss"): 2.0}]])
     assert stalls and "no rank made a step" in stalls[0]
     collector.collect([[6, 2.0, {"loss": 0.9}]])
-    assert stalls[-1] == "every rank makes steps again"
+    assert stalls[-1].endswith(": every rank makes steps again")

@@ -4,6 +4,7 @@ is a doctor finding of its own."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from ptdash.ranks import RankCollector
@@ -51,12 +52,80 @@ def test_a_stall_every_rank_waits_at_is_named_by_the_stacks_and_kept_with_them()
 
     collector.collect([[30, 2.0, {"loss": 1.0}]])  # rank 0 steps: the stall is over
     assert isinstance(journaled[2][0], events.Stall) and journaled[2][0].ended and collector.stalled is None
+    assert journaled[3][0].case == "step 29" and journaled[3][0].extra["over"]  # its finding, whole
     collector.collect([[31, 3.0, {"loss": 1.0}]])
     collector._progress[1] = collector._progress[0]
     time.sleep(0.2)
     collector.collect([])
-    _wait(journaled, 5)
-    assert journaled[4][0].case == "step 31"  # another stall, another finding
+    _wait(journaled, 6)
+    assert journaled[5][0].case == "step 31"  # another stall, another finding
+
+
+def _collector(journaled: list, state: list, taken=None) -> RankCollector:
+    collector = RankCollector(None, lambda msg: None, lambda what, message: journaled.append((what, message)),
+                              lambda: state[0], stall_seconds=0.05)
+    collector.stacks = taken or (lambda: [_rank(0, SPIN)])
+    return collector
+
+
+def _stalled_at(collector: RankCollector, journaled: list, step: int, wall: float) -> None:
+    collector.collect([[step, wall, {"loss": 1.0}]])
+    time.sleep(0.2)
+    collector.collect([])
+    _wait(journaled, 2)
+
+
+def test_a_stall_over_says_its_whole_length_from_the_steps_own_times():
+    journaled, state = [], ["running"]
+    collector = _collector(journaled, state)
+    _stalled_at(collector, journaled, 29, 1000.0)
+    (stall, _), (finding, _) = journaled
+    assert stall.started == 1000.0 and not stall.ended and not finding.extra["over"]
+    assert "rank 0 was in `wait_for_lost_shard` (train.py:12) for 0 s so far" in finding.what, finding.what
+    # The flush that brings step 30 also has 31: the stall ended with the first step after it.
+    collector.collect([[30, 1040.25, {"loss": 1.0}], [31, 1040.5, {"loss": 1.0}]])
+    (end, said), (again, _) = journaled[2:]
+    assert end.ended and not end.with_run and end.step == 29 and end.seconds == 40.25 and end.started == 1000.0
+    assert said == "the stall at step 29 is over after 40 s: every rank makes steps again"
+    assert again.id == "stalled" and again.case == "step 29" and again.extra == {"seconds": 40.25, "over": True, "with_run": False}
+    assert again.what == "rank 0 was in `wait_for_lost_shard` (train.py:12) for 40 s", again.what
+
+
+def test_a_run_that_ends_while_stalled_says_how_long_it_had_stalled():
+    journaled, state = [], ["running"]
+    collector = _collector(journaled, state)
+    _stalled_at(collector, journaled, 7, time.time() - 50)
+    state[0] = "crashed"
+    collector.collect([])
+    (end, said), (again, _) = journaled[2:]
+    assert end.ended and end.with_run and 50 <= end.seconds < 80, end
+    assert said.startswith("the stall at step 7 is over after 5") and said.endswith("the run ended while stalled")
+    assert again.extra["over"] and again.what.endswith("for %.0f s; the run ended while stalled" % end.seconds)
+    collector.collect([])
+    assert len(journaled) == 4  # over once
+
+
+def test_a_stall_over_before_its_stacks_came_is_journaled_after_its_start():
+    journaled, state, gate = [], ["running"], threading.Event()
+
+    def slow() -> list:
+        gate.wait(30)
+        return [_rank(0, SPIN)]
+
+    collector = _collector(journaled, state, slow)
+    said: list = []
+    collector._on_stall = said.append  # what run.json is told: the stall, then its end
+    collector.collect([[3, 500.0, {"loss": 1.0}]])
+    time.sleep(0.2)
+    collector.collect([])
+    collector.collect([[4, 512.0, {"loss": 1.0}]])  # over while the stacks are being taken
+    assert journaled == [] and collector.stalled is None and said == [None]
+    gate.set()
+    _wait(journaled, 4)
+    kinds = [(type(w).__name__, getattr(w, "ended", None)) for w, _ in journaled]
+    assert kinds == [("Stall", False), ("Finding", None), ("Stall", True), ("Finding", None)], kinds
+    assert journaled[2][0].seconds == 12.0 and collector.stalled is None and said == [None]  # never stalled again
+    assert journaled[3][0].what == "rank 0 was in `wait_for_lost_shard` (train.py:12) for 12 s"
 
 
 def test_without_stacks_the_stall_is_named_as_before():

@@ -50,7 +50,8 @@ def finding_body(finding: Finding) -> Group:
 
 def report(state: RunState, width: int = 0) -> RenderableType:
     """The whole Doctor tab: every finding, newest first, or the empty state."""
-    found = state.findings.newest_first()
+    # A stall the engine could not end (the run was killed while stalled) lasted until the run's end.
+    found = state.findings.newest_first(state.info.ended if state.ended and state.info is not None else None)
     if not found:
         return Text(f" {EMPTY}", "dim")
     counts = {s: sum(f.severity == s for f in found) for s in SEVERITY_STYLES}
@@ -68,6 +69,6 @@ def report(state: RunState, width: int = 0) -> RenderableType:
     return Group(head, grid)
 
 
-def versions(state: RunState) -> int:
+def versions(state: RunState) -> tuple:
     """A cheap fingerprint of what ``report`` reads, to skip unchanged redraws."""
-    return state.findings.version
+    return state.findings.version, state.ended
