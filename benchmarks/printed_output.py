@@ -14,8 +14,8 @@ variant runs as its own process, one after the other, in an order that turns eac
 
 The script times its own loop (steps/s from its first to its last step, without the start
 of the interpreter), so a ratio is throughput against plain: 1.00 is no cost, 0.95 is 5%
-slower. It also checks what ptdash stored: every validation value, at the step it was
-printed or a few later (the relay reads a chunk at the step in progress). Last, the parser's
+slower. It also checks what ptdash stored: every validation value, and how many are at
+the step they were printed at (all of them: the output is marked, engine/outmarks.py). Last, the parser's
 own CPU time over the same bytes, in this process: what it takes from the relay's thread
 whatever the machine's load.
 
@@ -124,7 +124,7 @@ def parser_cpu(mb: float) -> tuple[float, int]:
     from ptdash.printed import PrintedMetrics
 
     step = [0]
-    metrics = PrintedMetrics(lambda: step[0], lambda what, message: None)
+    metrics = PrintedMetrics(lambda: step[0], lambda what, message, step=None: None)
     dump = "".join(f"layer {i} weight mean {0.001 * i:.4f} std {0.98:.3f} shape [32, 32] grads ok\n"
                    for i in range(96))
     pending, written, spent = bytearray(), 0, 0.0
@@ -152,8 +152,8 @@ def parser_cpu(mb: float) -> tuple[float, int]:
 
 
 def _lags(printed: dict[int, float], stored: dict[int, float]) -> list[int]:
-    """For each value printed at a step, how many steps later it was stored (the relay reads
-    a chunk at the step in progress: under a flood of output it runs behind the script)."""
+    """For each value printed at a step, how many steps later it was stored (0: at its step;
+    the relay runs behind a flood of output, and the marks in it say where each step's bytes are)."""
     by_value = {v: s for s, v in sorted(stored.items(), reverse=True)}
     lags = []
     for step, value in sorted(printed.items()):
@@ -190,9 +190,10 @@ def main() -> None:
                 note = ""
                 if f["stored"] is not None:
                     lags = _lags({int(k): v for k, v in f["val"].items()}, f["stored"]["eval_loss"])
-                    note = (f"; all {len(lags)} eval_loss values stored, {sum(1 for x in lags if not x)} at the "
-                            f"step printed, the others at most {max(lags)} steps later (read as the relay caught up)"
-                            f"; series {', '.join(f['stored']['printed'])}")
+                    exact = sum(1 for x in lags if not x)
+                    note = (f"; all {len(lags)} eval_loss values stored, {exact} at the step printed"
+                            + (f", the others at most {max(lags)} steps later" if exact < len(lags) else "")
+                            + f"; series {', '.join(f['stored']['printed'])}")
                 print(f"round {r + 1} {variant:>8}: {f['steps']:,} steps, {f['bytes'] / 1e6:.0f} MB printed, "
                       f"{rate:,.0f} steps/s ({time.monotonic() - t0:.0f} s wall){note}", flush=True)
                 load.append(os.getloadavg()[0])

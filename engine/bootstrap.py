@@ -145,7 +145,7 @@ def main() -> int:
     try:
         engine = Engine(run_dir, config)
         if relay is not None:
-            relay.printed = engine.printed
+            relay.follow(engine.printed, engine.hooks.state)
         if run_dir is not None:
             _hand_down(engine.primary)
         engine.start()

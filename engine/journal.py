@@ -111,9 +111,10 @@ class Journal:
             except (OSError, ValueError):
                 log.exception("could not update run.json")
 
-    def event(self, what: events.EventData | str, message: str) -> Event:
+    def event(self, what: events.EventData | str, message: str, step: int | None = None) -> Event:
         """Journal an event (stored at the next flush) and publish it now: ``what`` is its
-        data (events.py), or the kind of an event that says only its message.
+        data (events.py), or the kind of an event that says only its message; at ``step``, or
+        the step in progress (a printed metric's is the step it was printed at).
 
         The data is made JSON-safe here, once: a non-finite number becomes null and the
         event says so with ``"nonfinite": true``, so it can always be stored and sent.
@@ -122,7 +123,7 @@ class Journal:
         safe, replaced = json_safe(data)
         if replaced:
             safe["nonfinite"] = True
-        ev = Event(kind=kind, step=self.step(), wall=time.time(), message=str(message), data=safe, rank=self.rank)
+        ev = Event(kind=kind, step=self.step() if step is None else step, wall=time.time(), message=str(message), data=safe, rank=self.rank)
         with self._lock:
             self._pending.append(ev)
             if kind == "command":

@@ -23,6 +23,7 @@ import termios
 import threading
 import time
 
+from .outmarks import Marks, Splitter
 from .shared import diskspace
 
 log = logging.getLogger("ptdash.output")
@@ -55,14 +56,18 @@ class OutputRelay:
         self._read = read
         os.dup2(write, 1)
         os.dup2(write, 2)
-        os.close(write)
+        self._write_end = write
+        """The pipe's own write end, for the marks (``follow``); closed with the relay."""
         self._failing = False
         self.printed = None
-        """The metrics the script prints (printed.PrintedMetrics, set once the engine is built):
+        """The metrics the script prints (printed.PrintedMetrics, given by ``follow``):
         what is copied is shown to it, on this thread, never the training thread: at once
         after a quiet while, else in batches (at most one each BATCH_S, or BATCH_BYTES): a
         parse has a fixed cost, and a script printing at every step would pay it at every
         step, taken from the training thread as the GIL."""
+        self._marks: Marks | None = None
+        self._split: Splitter | None = None
+        self._state = None
         self._held: list[tuple[int, bytes]] = []
         self._size = 0
         self._due = self._last = 0.0
@@ -92,6 +97,23 @@ class OutputRelay:
         except OSError:
             log.exception("cannot relay this rank's output; its printed metrics are not read")
             return None
+
+    def follow(self, printed, state) -> None:
+        """Read the output for the metrics it prints (``printed``: printed.PrintedMetrics),
+        each line at the step it was written at: the output is marked (outmarks.py) by the
+        script's streams and at the steps' boundaries (``state``: stepstate.StepState)."""
+        if printed is None:
+            return
+        with self._lock:
+            try:
+                self._marks = Marks(self._write_end, state)
+            except OSError:
+                log.exception("cannot mark the script's output: its lines are kept at the step they are read at")
+                self._split = None
+            else:
+                self._split = Splitter(self._marks.prefix, printed.now)
+            self._state = state
+            self.printed = printed
 
     def _loop(self) -> None:
         while True:
@@ -123,12 +145,27 @@ class OutputRelay:
                 if self.printed is None:
                     self._write(data)
                     continue
+                pieces = self._pieces(data)
+                if not pieces:  # marks alone
+                    continue
                 if not self._held:  # output after a quiet while is read at once, a flood in batches
                     self._due = self._last + BATCH_S
-                self._held.append((self.printed.now(), data))  # kept at the step it was read at
+                self._held += pieces
                 self._size += len(data)
                 if self._size >= BATCH_BYTES or time.monotonic() >= self._due:
                     self._release()
+
+    def _pieces(self, data: bytes) -> list[tuple[int, bytes]]:
+        """A read's bytes, without marks, in pieces each with the step it was written at."""
+        split = self._split
+        if split is None:
+            return [(self.printed.now(), data)]  # at the step in progress when read
+        pieces = split.split(data)
+        if split.held and not _unread(self._read):  # a mark's rest would be in the pipe: the script's bytes
+            pieces += split.release()
+        if pieces:
+            self._state.out_dirty = True  # the next boundary marks where the bytes of this step end
+        return pieces
 
     def _release(self) -> None:
         """The output held for the parser: read for metrics (each piece at the step it was
@@ -172,8 +209,11 @@ class OutputRelay:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+        if self._marks is not None:
+            self._marks.close()
         os.dup2(self._restore, 1)
         os.dup2(self._restore, 2)
+        os.close(self._write_end)
         # Copy what was written before now. End-of-file would wait for every writer, and a
         # process the script left running (persistent DataLoader workers) may hold the
         # pipe: the thread goes on copying what such a process writes later.
@@ -184,6 +224,8 @@ class OutputRelay:
                     break
             time.sleep(0.005)
         with self._lock:
+            if self._split is not None and self._split.held:
+                self._held += self._split.release()
             self._release()
             if self.printed is not None:
                 self.printed.finish()  # an unfinished last line counts as it stands

@@ -233,7 +233,8 @@ class PrintedMetrics:
                 self._seen.add(name)
                 self._event(events.PrintedMetric(name=name, series=names.printed(name), value=value,
                                                  line=line.strip()[:200]),
-                            f"found printed metric {name} = {_show(value)} at step {step}: {line.strip()[:120]}")
+                            f"found printed metric {name} = {_show(value)} at step {step}: {line.strip()[:120]}",
+                            step=step)
             values[names.printed(name)] = value
         if values:
             self.found += len(values)

@@ -94,7 +94,7 @@ def start_rank() -> None:
 
         relay = OutputRelay.for_rank(run_dir)
         if relay is not None:
-            relay.printed = engine.printed
+            relay.follow(engine.printed, engine.hooks.state)
     _watch_uncaught(engine)
     log.info("rank %d of %d (pid %d) reports to the hub", *found, os.getpid())
     # At exit: atexit for an interpreter of its own; a multiprocessing child (forked ones

@@ -112,6 +112,8 @@ class StepEnd:
                 raise RecordShapeError(record, RECORD_FIELDS)
             self._recorder.add(record)
             state.last_step_s = 0.9 * state.last_step_s + 0.1 * (now - start)
+            if state.out_dirty:  # the script printed this step: its output is marked (outmarks.py)
+                state.out_mark(step)
             state.step = step
             state.in_step = state.at_boundary = False
             state.t_post = now
@@ -199,6 +201,8 @@ class StepEnd:
         doctor = self._doctor
         if step >= doctor.post_from:
             doctor.on_post_step(opt, step)
+        if state.out_dirty:
+            state.out_mark(step)
         state.step = step
         if self._optimizers.main is None:
             self._manual.backwards = 0

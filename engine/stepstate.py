@@ -68,6 +68,10 @@ class StepState:
         "loss_max": "The rollback's spike limit of a CPU loss (rollback.py, from the flusher; inf "
                     "without one): a loss above it sends its step down the full path (wrappers.py), "
                     "where it is judged before the update (prestep.py).",
+        "out_dirty": "Whether the script printed (outmarks.py's wrapper) or the output relay read "
+                     "something since the last step boundary: the boundary then marks the output.",
+        "out_mark": "Marks the script's output at the boundary where a step begins (outmarks.py, "
+                    "``Marks.boundary``), before the counter moves; called only when ``out_dirty``.",
         "update_ratio_every": "Update ratios are taken every this many steps (0: never); the "
                               "engine sets it from the run's config.",
     }
@@ -93,6 +97,8 @@ class StepState:
         self.last_step_s = 0.0
         self.update_ratio_every = 100
         self.loss_max = float("inf")
+        self.out_dirty = False
+        self.out_mark = _no_mark
 
     def began(self) -> None:
         """A batch, a forward or a backward: step 1 starts at the first of them."""
@@ -104,3 +110,7 @@ class StepState:
         t0 = _perf_counter()
         fn(*args)
         self.own -= _perf_counter() - t0
+
+
+def _no_mark(step: int) -> None:
+    """``out_mark`` while the output is not marked."""

@@ -1,20 +1,16 @@
 """Two gloo ranks that print their own validation metrics: rank R prints, at steps 5, 10, 15
-and 20, ``rank R | val_loss=<R + step / 100>``, and waits until output.log holds it (the
-relay of each rank reads its chunk before it writes it), so each is read at its step.
+and 20, ``rank R | val_loss=<R + step / 100>``; nothing waits for the relay (each rank's output
+is marked with its own steps, engine/outmarks.py).
 
 Launched by ptdash (``--nproc-per-node 2``), or with ``--spawn`` started by the script
 itself (``mp.spawn``; the main process only spawns and joins)."""
-import os
 import socket
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-LOG = os.path.join(os.environ["PTDASH_RUN_DIR"], "output.log")
 
 
 def train(rank: int, world: int, port: int | None) -> None:
@@ -34,9 +30,6 @@ def train(rank: int, world: int, port: int | None) -> None:
             line = f"rank {rank} | val_loss={rank + step / 100}"
             sys.stdout.write(line + "\n")  # one write: the ranks' lines never interleave in output.log
             sys.stdout.flush()
-            deadline = time.monotonic() + 60
-            while line + "\n" not in open(LOG, errors="replace").read() and time.monotonic() < deadline:
-                time.sleep(0.01)
     dist.destroy_process_group()
 
 

@@ -16,8 +16,8 @@ class Stream:
     def __init__(self, logged=frozenset()) -> None:
         self.step = 0
         self.events: list[tuple[object, str]] = []
-        self.metrics = PrintedMetrics(lambda: self.step, lambda what, message: self.events.append((what, message)),
-                                      logged)
+        self.metrics = PrintedMetrics(lambda: self.step,
+                                      lambda what, message, step=None: self.events.append((what, message)), logged)
 
     def feed(self, data: bytes, step: int | None = None) -> None:
         if step is not None:

@@ -47,7 +47,7 @@ class Journal:
     def __init__(self) -> None:
         self.pending: list = []
 
-    def event(self, what, message):
+    def event(self, what, message, step=None):
         self.pending.append(message)
 
     def drain(self):
