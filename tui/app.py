@@ -41,6 +41,7 @@ from .widgets.oom_screen import OomScreen
 from .widgets.overview import CHART_BINDINGS, Overview
 from .widgets.ranks_view import RanksView
 from .widgets.report_view import ReportView
+from .widgets.stacks_screen import stacks_screen
 
 HISTORY_EVENTS = 200
 """Newest stored events shown in the events pane on attach."""
@@ -133,6 +134,7 @@ class DashboardApp(CommandActions, App[str]):
         new_events: list[EventLine] = []
         log_lines: list[str] = []
         controls_changed = False
+        stacks_before = self.state.stacks
         while self._inbox:
             obj = self._inbox.popleft()
             if isinstance(obj, Metrics):
@@ -179,6 +181,7 @@ class DashboardApp(CommandActions, App[str]):
             self.query_one(EventsPane).add(new_events)
         if controls_changed:
             self.refresh_bindings()
+        self._show_stacks(stacks_before)
         self._schedule_redraw()
 
     def _apply_history(self, history: History, new_events: list[EventLine]) -> bool:
@@ -202,18 +205,29 @@ class DashboardApp(CommandActions, App[str]):
         return True
 
     def _take_stacks(self, msg: Stacks) -> None:
-        """Every rank's stacks, asked for with ``k``: the Ranks tab shows them (one process: a note)."""
+        """Every rank's stacks, asked for with ``k``: the stacks screen shows them (and the Ranks tab, under DDP)."""
         found = tuple(stacks.read(msg.ranks))
         self.state.stacks = (f"asked for at {time.strftime('%H:%M:%S', time.localtime(msg.wall))}", found)
-        if self.state.world_size <= 1:
-            self.notify(stacks.summary(list(found)) or "no stacks came", title="Stacks (ptdash stacks: all of them)",
-                        timeout=15)
+
+    def _show_stacks(self, before: object) -> None:
+        """The newest stacks (an answer, or a stall's) on the stacks screen when it is open; ``k``
+        offered once there are some to show, on a run that cannot be asked."""
+        if self.state.stacks is before:
+            return
+        screen = stacks_screen(self)
+        if screen is not None:
+            screen.show(self.state.stacks)
+        if before is None:
+            self.refresh_bindings()
 
     def _alert(self, event: Event) -> None:
         """Live events that need the user now: an OOM report, a pause for an anomaly."""
         what = events.read(event)
         if isinstance(what, events.Oom) and not isinstance(self.screen, OomScreen):
             self.push_screen(OomScreen(what))
+        elif isinstance(what, events.Stall) and what.where and not what.ended:
+            self.notify(f"{what.where}. k shows every thread's stack.", title="Stalled", severity="warning",
+                        timeout=15)
         elif isinstance(what, events.Anomaly) and what.paused:
             choices = "Space resumes, r rolls back to the last good state" if keeps_snapshots(self.state) else \
                 "Space resumes"

@@ -22,6 +22,7 @@ from .tabs import overview
 from .widgets.events_pane import EventsPane
 from .widgets.quit_dialog import QuitDialog
 from .widgets.report_view import ReportView
+from .widgets.stacks_screen import StacksScreen, stacks_screen
 from .widgets.stop_dialog import StopDialog
 from .widgets.value_dialog import ValueDialog
 
@@ -60,7 +61,7 @@ class CommandActions:
         if action not in CONTROL_ACTIONS:
             return self.comparison.active or action != "toggle_time"
         if not self.source.live or self.run_ended:
-            return False
+            return action == "stacks" and self.state.stacks is not None  # the ones a stall kept
         state = self.state.status.state if self.state.status is not None else "starting"
         paused = state in ("paused", "pausing")
         if (action == "pause" and paused) or (action == "resume" and not paused):
@@ -105,10 +106,19 @@ class CommandActions:
         self.query_one("#profiler-view", ReportView).refresh_report(self.state)
 
     def action_stacks(self) -> None:
-        """Ask every rank where it is; the answer (no ack) comes as a Stacks, shown in the Ranks tab."""
-        self.source.send(Command(id=new_command_id(), name="stacks"))
+        """Ask every rank where it is (a live run), and show the stacks screen: the newest stacks
+        until the answer (no ack: a Stacks) replaces them, or on a run that cannot be asked the
+        ones a stall kept. Under DDP the Ranks tab shows them too, side by side."""
+        asking = self.source.live and not self.run_ended and self.source.can_control
+        if asking:
+            self.source.send(Command(id=new_command_id(), name="stacks"))
         if self.state.world_size > 1:
             self.query_one(TabbedContent).active = "ranks"
+        screen = stacks_screen(self)
+        if screen is not None:
+            screen.show(self.state.stacks, asking)
+        else:
+            self.push_screen(StacksScreen(self.state.stacks, asking, live=asking))
 
     def action_clip(self) -> None:
         status = self.state.status

@@ -122,17 +122,21 @@ def test_two_gloo_ranks_one_stuck_named_on_demand_and_in_the_stall(tmp_path, han
 
 
 async def _k_in_the_dashboard(run: Run) -> None:
-    """``k`` asks the live run: the Ranks tab shows the answer (not the stall's), both ranks side by side."""
+    """``k`` asks the live run: the stacks screen shows the answer (not the stall's), both ranks side by
+    side; closed, the Ranks tab under it shows the same."""
     app = make_app(LiveSource(run.run_dir), redraw_hz=10)
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: app.source.can_control and app.state.world_size == 2, what="connected")
         await until(pilot, lambda: app.state.stacks is not None, what="the stall's stacks from the history")
         await pilot.press("k")
-        await until(pilot, lambda: "stacks asked for at" in screen_text(app), timeout=60, what="the answer drawn")
+        await until(pilot, lambda: "Stacks asked for at" in screen_text(app), timeout=60, what="the answer drawn")
         text = screen_text(app)
-        assert app.query_one("TabbedContent").active == "ranks"
         assert "rank 1 was in `wait_for_lost_shard` (train.py:" in text and "ranks differ here:" in text, text
         assert "▶ <module>  train.py:" in text
+        await pilot.press("escape")
+        await until(pilot, lambda: "stacks asked for at" in screen_text(app), what="the Ranks tab under it")
+        assert app.query_one("TabbedContent").active == "ranks"
+        assert "ranks differ here:" in screen_text(app)
 
 
 def test_a_rank_that_cannot_answer_is_named_with_its_last_step_and_proc_state(tmp_path):

@@ -4,11 +4,14 @@
 --hang data: its DataLoader worker blocks, so it waits in the loader's queue;
 --hang collective: it skips the metric all_reduce the other ranks make, and waits in a barrier;
 --hang gil: it runs a regular expression that backtracks for minutes, in C, holding the GIL;
+--hang lock: a thread of the script's (``prefetch``) takes a lock and keeps it --for seconds,
+while the training thread waits for it (``wait_for_prefetch``);
 --hang none: no hang. Each step sleeps --sleep. --then raise: the spinning rank raises once its
 --for seconds are over (a job that gives up waiting), instead of going on."""
 import argparse
 import os
 import re
+import threading
 import time
 
 import torch
@@ -17,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 p = argparse.ArgumentParser()
-p.add_argument("--hang", default="none", choices=("none", "python", "data", "collective", "gil"))
+p.add_argument("--hang", default="none", choices=("none", "python", "data", "collective", "gil", "lock"))
 p.add_argument("--at", type=int, default=30)
 p.add_argument("--rank", type=int, default=1)
 p.add_argument("--steps", type=int, default=100000)
@@ -52,6 +55,20 @@ def wait_for_lost_shard():
     return n
 
 
+def prefetch(lock, taken):
+    with lock:
+        taken.set()
+        time.sleep(args.seconds)  # the next shard never comes; the lock is kept meanwhile
+
+
+def wait_for_prefetch():
+    lock, taken = threading.Lock(), threading.Event()
+    threading.Thread(target=prefetch, args=(lock, taken), name="prefetch", daemon=True).start()
+    taken.wait()
+    with lock:  # the training thread waits here as long as the prefetcher keeps it
+        pass
+
+
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
 model = nn.parallel.DistributedDataParallel(net) if multi else net
@@ -62,6 +79,8 @@ for step, x in enumerate(loader, 1):
         wait_for_lost_shard()
         if args.then == "raise":
             raise TimeoutError("the lost shard never came")
+    if stuck and args.hang == "lock" and step == args.at:
+        wait_for_prefetch()
     if stuck and args.hang == "gil" and step == args.at:
         re.match(r"(a+)+$", "a" * 40 + "b")  # no Python frame runs, and no thread of this process
     loss = (model(x[None]) - x.sum()).pow(2).mean()

@@ -1,4 +1,5 @@
-"""Record the run the snapshot tests replay as one the real engine wrote: ``python tests/tui/record_engine_run.py``.
+"""Record the runs the snapshot tests replay as ones the real engine wrote: ``python tests/tui/record_engine_run.py``
+(and ``hang``, ``one-hang``: see record_hang and record_one_hang).
 
 Runs ``tests/scripts/ddp_bugs.py`` as ``train.py`` through ``ptdash --headless
 --nproc-per-node 2`` (two gloo ranks), stops rank 1's process (SIGSTOP) after step 20 until
@@ -99,6 +100,31 @@ def record_hang() -> None:
     _keep(run_dir, HANG_OUT)
 
 
+ONE_HANG_OUT = HERE / "runs" / "one-hang"
+
+
+def record_one_hang() -> None:
+    """``python tests/tui/record_engine_run.py one-hang``: tests/scripts/hangs.py in one process, whose
+    training thread waits 8 s at step 10 for a lock a thread of its own keeps (``--hang lock``); the
+    stall keeps both threads' stacks (the stacks screen's snapshot shows them), its end its whole
+    length (the Doctor tab's); then the run finishes."""
+    shutil.rmtree(RECORD_DIR, ignore_errors=True)
+    RECORD_DIR.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "scripts" / "hangs.py", RECORD_DIR / "train.py")
+    run_dir = RECORD_DIR / "run"
+    env = {**ENV, "TZ": "UTC"}
+    done = subprocess.run(
+        [sys.executable, "-m", "ptdash.tui.cli", "--headless", "--stall-timeout", "3", "--run-dir", str(run_dir),
+         "train.py", "--steps", "20", "--sleep", "0.05", "--hang", "lock", "--rank", "0", "--at", "10",
+         "--for", "8"],
+        cwd=RECORD_DIR, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        timeout=600)
+    assert done.returncode == 0
+    stalls = _stalls(run_dir)
+    assert any(s.stacks for s in stalls) and any(s.ended and s.seconds >= 8 for s in stalls), stalls
+    _keep(run_dir, ONE_HANG_OUT)
+
+
 def _keep(run_dir: Path, out: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -114,4 +140,4 @@ def _keep(run_dir: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    record_hang() if sys.argv[1:] == ["hang"] else record()
+    {"hang": record_hang, "one-hang": record_one_hang}.get(sys.argv[1] if sys.argv[1:] else "", record)()

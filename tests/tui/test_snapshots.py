@@ -165,6 +165,34 @@ def test_the_doctor_tab_says_where_the_stalled_ranks_were(snap_compare, hang_run
     assert snap_compare(app, press=["6"], terminal_size=WIDE, run_before=loaded)
 
 
+def test_the_stacks_screen_of_two_ranks(snap_compare, hang_run):
+    """``k``: the side by side, then every thread of each rank, over the Ranks tab."""
+    app, loaded = replay(hang_run)
+    assert snap_compare(app, press=["k"], terminal_size=WIDE, run_before=loaded)
+
+
+@pytest.fixture(scope="module")
+def one_hang_run(tmp_path_factory):
+    """One process the real engine ran (record_engine_run.py one-hang): its training thread waited
+    8 s at step 10 for a lock its ``prefetch`` thread kept; the stall kept both threads' stacks."""
+    run_dir = tmp_path_factory.mktemp("one-hang") / "run"
+    shutil.copytree(Path(__file__).parent / "runs" / "one-hang", run_dir)
+    return run_dir
+
+
+@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+def test_the_stacks_screen_of_a_stalled_process(snap_compare, one_hang_run, size):
+    """``k`` on one process: every thread's stack, the training thread first, each frame's file:line."""
+    app, loaded = replay(one_hang_run)
+    assert snap_compare(app, press=["k"], terminal_size=size, run_before=loaded)
+
+
+def test_the_doctor_tab_says_how_long_the_process_stalled(snap_compare, one_hang_run):
+    """The stall's finding with its whole length ("for 8 s"), not the timeout it was named at."""
+    app, loaded = replay(one_hang_run)
+    assert snap_compare(app, press=["6"], terminal_size=WIDE, run_before=loaded)
+
+
 @pytest.fixture(scope="module")
 def compared_runs(tmp_path_factory):
     """Two finished runs of different lengths and seeds, to be shown side by side."""

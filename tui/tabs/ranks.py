@@ -191,7 +191,7 @@ def stacks_view(state: RunState, width: int = 100) -> RenderableType | None:
         return None
     when, found = state.stacks
     lines = render(list(found), width=max(40, width - 2), all_threads=False)
-    out = Text.assemble((" stacks ", "bold"), (f"{when}  (k asks again; `ptdash stacks` shows every thread)", "dim"))
+    out = Text.assemble((" stacks ", "bold"), (f"{when}  (k shows every thread)", "dim"))
     for i, line in enumerate(lines):
         style = "bold" if i == 0 else "yellow" if "▶" in line else "dim" if line.endswith(":") else ""
         out.append("\n " + line, style)
