@@ -15,6 +15,7 @@ from ptdash.shared import names
 from ptdash.shared.limits import BOUNDS
 from ptdash.shared.protocol import Ack, Command
 
+from . import hardstop
 from .eventline import EventLine
 from .fmt import command_text, fmt_typed
 from .source import new_command_id
@@ -144,7 +145,29 @@ class CommandActions:
         self.push_screen(dialog, lambda v: v is not None and self.send("lr_scale", v.value, v.text))
 
     def action_stop(self) -> None:
-        self.push_screen(StopDialog(), lambda choice: choice is not None and self.send(choice))
+        self.push_screen(StopDialog(), self._stop_chosen)
+
+    def _stop_chosen(self, choice: str | None) -> None:
+        if choice is None:
+            return
+        self.send(choice)
+        if choice == "kill":  # an engine whose Python does not run cannot take it (hardstop.py)
+            self.set_timer(hardstop.KILL_WAIT_S, self._kill_unanswered)
+
+    def _kill_unanswered(self) -> None:
+        why = f"it did not end within {hardstop.KILL_WAIT_S:g} s"
+        try:
+            killed = hardstop.make_kill_good(self.source.run_dir, why, "the dashboard's kill")
+        except (OSError, ValueError):
+            return
+        if killed is None:
+            line = self.state.note_sent(None, "kill not taken, and the run's process is not on this machine: "
+                                              "nothing killed", "error")
+        elif killed:
+            line = self.state.note_sent(None, f"killed from here: the engine did not take the kill ({why})", "error")
+        else:
+            return
+        self.query_one(EventsPane).add([line])
 
     async def action_quit(self) -> None:
         if not self.source.live or self.run_ended:

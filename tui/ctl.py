@@ -11,13 +11,15 @@ ambiguous run.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
+from ptdash.shared import rundir
 from ptdash.shared.limits import parse_setting
 from ptdash.shared.protocol import Ack, Command, TransportError
 
-from . import runs, subcommands
+from . import hardstop, runs, subcommands
 from .errors import CliError
 from .runclient import answer, run_client, run_label
 
@@ -53,24 +55,51 @@ def cmd_ctl(argv: list[str]) -> int:
         return cmd_stacks(None, spec, args.json)
     run = runs.resolve(spec, live_only=True)
     cmd = Command(id=uuid.uuid4().hex[:8], name=name, value=value)
+    if name == "kill":
+        return _kill(run.path, cmd, args.json)
     try:
-        ack = send_command(run.path, cmd, wait=name != "kill")
+        ack = send_command(run.path, cmd)
     except TransportError as exc:
         raise CliError(str(exc), 1) from None
     label = run_label(run.path)
-    if name == "kill":
-        ack = Ack(id=cmd.id, name=name, ok=True, step=None, message="killed")
     if ack is None:
         raise CliError(f"{label}: no answer from the engine in time (is the step very long?)", 1)
     if args.json:
         print(json.dumps({"run_dir": str(run.path), "command": ack.name, "value": value, "id": ack.id, "ok": ack.ok,
                           "step": ack.step, "message": ack.message}))
-    elif name == "kill":
-        print(f"{label}: killed")
     else:
         where = f"at step {ack.step}: " if ack.step is not None else ""
         print(f"{label}: {name}: {where}{ack.message}" if ack.ok else f"{label}: {name} refused: {ack.message}")
     return 0 if ack.ok else 1
+
+
+def _kill(run_dir: Path, cmd: Command, as_json: bool) -> int:
+    """The kill command, made good from here when the engine cannot take it (its Python does
+    not run: a C call holding the GIL): the run's processes are killed, what they wrote that
+    the engine could not copy kept in output.log (hardstop.py). Never says killed if not."""
+    label = run_label(run_dir)
+    try:
+        send_command(run_dir, cmd, wait=False)
+        unanswered = None
+    except TransportError as exc:
+        unanswered = str(exc)
+    info = rundir.read_info(run_dir)
+    pid = info.launcher_pid or info.pid
+    deadline = time.monotonic() + (0 if unanswered else hardstop.KILL_WAIT_S)
+    while pid is not None and hardstop.alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    why = unanswered or f"it did not end within {hardstop.KILL_WAIT_S:g} s"
+    killed = hardstop.make_kill_good(run_dir, why, "ptdash ctl kill")
+    if killed is None:
+        raise CliError(f"{label}: the engine did not take the kill, and process {pid} is not this run's "
+                       "(or not on this machine): nothing killed", 1)
+    how = f"killed from here (the engine did not take the kill: {why})" if killed else "killed"
+    if as_json:
+        print(json.dumps({"run_dir": str(run_dir), "command": "kill", "value": None, "id": cmd.id, "ok": True,
+                          "step": None, "message": how}))
+    else:
+        print(f"{label}: {how}")
+    return 0
 
 
 def send_command(run_dir: Path, cmd: Command, wait: bool = True, timeout: float = 120.0) -> Ack | None:

@@ -67,14 +67,61 @@ class HardStop:
     def kill(self) -> int:
         """Keep what the stuck relay could not copy, then SIGKILL the run's processes; the
         bytes kept."""
-        pids = _tree(self._proc.pid)
-        kept = _drain(pids, self._run_dir / "output.log")
-        for pid in reversed(pids):  # the children first: none is left orphaned, running on
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        return kept
+        return kill_tree(self._proc.pid, self._run_dir / "output.log")
+
+
+def make_kill_good(run_dir: Path, why: str, by: str) -> bool | None:
+    """After a kill command the engine did not take (``why``): kill the run's processes from
+    here and record it in run.json (``by``: what killed it). True when killed, False when
+    they were gone already, None when the process is not this run's (or on another machine)."""
+    info = rundir.read_info(run_dir)
+    pid = info.launcher_pid or info.pid
+    if pid is None or not alive(pid):
+        return False
+    if not of_run(pid, run_dir):
+        return None
+    kill_tree(pid, Path(run_dir) / "output.log")
+    if rundir.read_info(run_dir).status not in ENDED:
+        rundir.update_info(run_dir, status="crashed", exit_code=-signal.SIGKILL, ended=time.time(),
+                           detail=f"killed by {by}: {why}")
+    return True
+
+
+def kill_tree(root: int, log_path: Path) -> int:
+    """SIGKILL ``root`` and every process under it, after appending to ``log_path`` what waits
+    in the pipes their stdout and stderr are; the bytes kept."""
+    pids = _tree(root)
+    kept = _drain(pids, log_path)
+    for pid in reversed(pids):  # the children first: none is left orphaned, running on
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return kept
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def of_run(pid: int, run_dir: Path) -> bool:
+    """Whether ``pid`` is a process ptdash started for ``run_dir`` (not a pid reused since)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return False
+    for entry in environ:
+        if entry.startswith(b"PTDASH_RUN_DIR="):
+            named = Path(cwd, os.fsdecode(entry[len(b"PTDASH_RUN_DIR="):]))
+            return named.resolve() == Path(run_dir).resolve()
+    return False
 
 
 def _tree(pid: int) -> list[int]:

@@ -9,6 +9,7 @@ wrote before it hung, and leaves no process behind. Every wait is on something o
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -17,7 +18,12 @@ import time
 from pathlib import Path
 
 from ptdash.shared import rundir
+from ptdash.tui.app import make_app
 from ptdash.tui.hardstop import HardStop
+from ptdash.tui.hardstop import alive as _alive
+from ptdash.tui.source.live import LiveSource
+from ptdash.tui.widgets.stop_dialog import StopDialog
+from support.pilot import screen_text, until
 from support.runner import ENV, wait_for
 
 CLI = [sys.executable, "-m", "ptdash.tui.cli"]
@@ -34,14 +40,6 @@ sys.stdout.flush()
 open(sys.argv[1], "w").close()
 sum(range(10 ** 15))  # one C call: the GIL is never let go
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _start(tmp_path: Path, grace: str):
@@ -169,3 +167,73 @@ def _children(pid: int) -> list[int]:
             out += found
             todo += found
     return out
+
+
+def test_ctl_kill_kills_a_run_whose_engine_cannot_take_it(tmp_path):
+    # ``ptdash ctl RUN kill`` from another terminal: the engine cannot even answer the
+    # handshake, so the kill is made good from there, and it says so (never "killed" if not).
+    proc, engine = _start(tmp_path, grace="600")
+    try:
+        result = subprocess.run([*CLI, "ctl", str(tmp_path / "run"), "kill"], cwd=tmp_path, env=ENV,
+                                capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "killed from here (the engine did not take the kill" in result.stdout
+        assert proc.wait(60) == 128 + signal.SIGKILL
+        assert not _alive(engine)
+        info = rundir.read_info(tmp_path / "run")
+        assert info.status == "crashed" and info.detail.startswith("killed by ptdash ctl kill"), info
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if _alive(engine):
+            os.kill(engine, signal.SIGKILL)
+
+
+WAITS_THEN_HANGS = """\
+import os, sys, time, torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step = 0
+while not os.path.exists(sys.argv[1]):  # steps until the test says go
+    opt.zero_grad()
+    model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+    step += 1
+    time.sleep(0.01)
+open(sys.argv[2], "w").close()
+sum(range(10 ** 15))
+"""
+
+
+def test_the_dashboards_kill_is_made_good_when_the_engine_cannot_take_it(tmp_path):
+    script = tmp_path / "waits.py"
+    script.write_text(WAITS_THEN_HANGS)
+    go, entered, run_dir = tmp_path / "go", tmp_path / "entered", tmp_path / "run"
+    front = subprocess.Popen([*CLI, "--headless", "--run-dir", str(run_dir), str(script), str(go), str(entered)],
+                             cwd=tmp_path, stdout=open(tmp_path / "front.out", "wb"), stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, env={**ENV, "PTDASH_STOP_GRACE": "600"})
+    wait_for(lambda: (run_dir / "run.json").exists() and rundir.read_info(run_dir).step, 120, what="a step")
+    engine = rundir.read_info(run_dir).pid
+
+    async def scenario():
+        app = make_app(LiveSource(run_dir))
+        async with app.run_test(size=(120, 36)) as pilot:
+            await until(pilot, lambda: app.source.can_control, what="the dashboard's connection")
+            go.touch()
+            await until(pilot, entered.exists, what="the script to enter its C call")
+            await pilot.press("s")
+            await until(pilot, lambda: isinstance(app.screen, StopDialog), what="the stop dialog")
+            await pilot.press("k")
+            await until(pilot, lambda: "killed from here" in screen_text(app), timeout=60, what="the kill made good")
+            await pilot.press("q")
+
+    try:
+        asyncio.run(scenario())
+        assert front.wait(60) == 128 + signal.SIGKILL
+        assert not _alive(engine)
+        assert rundir.read_info(run_dir).detail.startswith("killed by the dashboard's kill")
+    finally:
+        if front.poll() is None:
+            front.kill()
+        if _alive(engine):
+            os.kill(engine, signal.SIGKILL)
