@@ -42,6 +42,13 @@ sum(range(10 ** 15))  # one C call: the GIL is never let go
 """
 
 
+def _end(pids) -> None:
+    """Whatever a failed test left running."""
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _start(tmp_path: Path, grace: str):
     script = tmp_path / "hangs.py"
     script.write_text(HANGS)
@@ -67,10 +74,7 @@ def test_an_unanswerable_stop_kills_the_run_and_keeps_its_last_output(tmp_path):
         assert "the last line before the hang" in (tmp_path / "run" / "output.log").read_text()
         assert "the last line before the hang" in text
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        if _alive(engine):
-            os.kill(engine, signal.SIGKILL)
+        _end((proc.pid, engine))
 
 
 def test_a_second_signal_kills_at_once_whatever_the_engine_says(tmp_path):
@@ -86,10 +90,7 @@ def test_a_second_signal_kills_at_once_whatever_the_engine_says(tmp_path):
         assert "SIGTERM again: killing the run" in text and "did not end within 3 s of the kill" in text
         assert not _alive(engine)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        if _alive(engine):
-            os.kill(engine, signal.SIGKILL)
+        _end((proc.pid, engine))
 
 
 def test_the_kill_keeps_what_waits_in_the_pipe_and_kills_the_children_too(tmp_path):
@@ -149,10 +150,7 @@ def test_under_ddp_a_stop_a_stalled_rank_blocks_kills_every_rank(tmp_path):
         assert "did not answer the stop within 11 s (rank 1 stalled" in text
         wait_for(lambda: not any(_alive(pid) for pid in ranks), 30, what="every rank to be gone")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in _children(proc.pid):
-            os.kill(pid, signal.SIGKILL)
+        _end((proc.pid, *_children(proc.pid)))
 
 
 def _children(pid: int) -> list[int]:
@@ -183,10 +181,7 @@ def test_ctl_kill_kills_a_run_whose_engine_cannot_take_it(tmp_path):
         info = rundir.read_info(tmp_path / "run")
         assert info.status == "crashed" and info.detail.startswith("killed by ptdash ctl kill"), info
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        if _alive(engine):
-            os.kill(engine, signal.SIGKILL)
+        _end((proc.pid, engine))
 
 
 WAITS_THEN_HANGS = """\
@@ -233,7 +228,4 @@ def test_the_dashboards_kill_is_made_good_when_the_engine_cannot_take_it(tmp_pat
         assert not _alive(engine)
         assert rundir.read_info(run_dir).detail.startswith("killed by the dashboard's kill")
     finally:
-        if front.poll() is None:
-            front.kill()
-        if _alive(engine):
-            os.kill(engine, signal.SIGKILL)
+        _end((front.pid, engine))
