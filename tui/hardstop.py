@@ -18,6 +18,7 @@ to output.log: the last lines before a hang are the ones a user needs.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -27,6 +28,9 @@ from ptdash.shared import rundir
 from ptdash.shared.exits import STOP_GRACE_S
 from ptdash.shared.protocol import ENDED
 
+_MARK = re.compile(rb"\x00\x1b.{14}[FT].{8}", re.DOTALL)
+"""The step marks engine/outmarks.py puts in the pipe (a prefix of two bytes no text holds
+and 14 random ones, F or T, the step): the relay takes them out, and so does a drain."""
 UNANSWERED_S = 10.0
 """Past the stop grace period, how long a stop may go unanswered before the run is killed."""
 KILL_WAIT_S = 3.0
@@ -177,7 +181,7 @@ def _copy_pipe(path: str, log_path: Path) -> int:
         pass
     finally:
         os.close(pipe)
-    data = b"".join(chunks)
+    data = _MARK.sub(b"", b"".join(chunks))
     if data:
         try:
             with open(log_path, "ab") as f:

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from ptdash import outmarks
 from ptdash.shared import rundir
 from ptdash.tui.app import make_app
 from ptdash.tui.hardstop import HardStop
@@ -93,12 +94,16 @@ def test_a_second_signal_kills_at_once_whatever_the_engine_says(tmp_path):
         _end((proc.pid, engine))
 
 
+MARK = outmarks.new_prefix() + b"F" + (7).to_bytes(8, "big")
+"""A step mark as the engine writes one into the pipe (engine/outmarks.py)."""
+
+
 def test_the_kill_keeps_what_waits_in_the_pipe_and_kills_the_children_too(tmp_path):
     # A process whose output nobody reads (the stuck relay) and a child of its own: what it
-    # wrote reaches output.log, and neither process is left.
+    # wrote reaches output.log without the engine's step marks, and neither process is left.
     code = ("import os, subprocess, sys, time\n"
             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-            "os.write(1, b'unread output\\n')\n"
+            f"os.write(1, b'unread ' + {MARK!r} + b'output\\n')\n"
             "open(sys.argv[1], 'w').write(str(child.pid))\n"
             "time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "child")], stdout=subprocess.PIPE)
