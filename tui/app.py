@@ -221,7 +221,7 @@ class DashboardApp(CommandActions, App[str]):
             self.refresh_bindings()
 
     def _alert(self, event: Event) -> None:
-        """Live events that need the user now: an OOM report, a pause for an anomaly."""
+        """Live events that need the user now: an OOM report, a stall (where the ranks are), a pause for an anomaly."""
         what = events.read(event)
         if isinstance(what, events.Oom) and not isinstance(self.screen, OomScreen):
             self.push_screen(OomScreen(what))
