@@ -1,8 +1,9 @@
 """This process's stacks, taken by one of ptdash's threads, and its collectives counted.
 
-``sys._current_frames()`` from a thread other than the training thread works while that
-thread waits in a collective or a C call that releases the GIL, and while it spins in Python
-(the interpreter hands the GIL over every switch interval, 5 ms). It cannot while C code holds
+faulthandler's dump of every thread, from a thread other than the training thread, works
+while that thread waits in a collective or a C call that releases the GIL, and while it spins
+in Python (the interpreter hands the GIL over every switch interval, 5 ms); the dump is one C
+call, so every thread's frames are of one moment. It cannot while C code holds
 the GIL: then nothing in the process answers, and the hub says so from /proc (stackgather.py).
 What is taken is a list of ``shared.stacks.RankStacks`` JSON objects.
 
@@ -12,13 +13,16 @@ dict entry, no sync, no tensor touched), so that a rank that made one call fewer
 
 from __future__ import annotations
 
+import faulthandler
 import functools
+import linecache
 import os
+import re
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -38,29 +42,79 @@ _LIBS = tuple(sorted({p for k in ("stdlib", "platstdlib", "purelib", "platlib")
                       if (p := sysconfig.get_paths().get(k))}, key=len, reverse=True))
 
 
-def _lib(path: str) -> str:
-    """The package a file belongs to ("" for the script's own code)."""
+def script_root() -> str:
+    """The directory of the script's own code where it lies among ptdash's or a package's
+    files (the demo; ``-m pkg.train`` of an installed package: its top package), else "".
+    Its files are the script's (``own``) however their path reads."""
+    main = sys.modules.get("__main__")
+    file, spec = getattr(main, "__file__", None), getattr(main, "__spec__", None)
+    if not isinstance(file, str):
+        return ""
+    path = Path(os.path.abspath(file))  # as the frames name it
+    dots = getattr(spec, "name", "").count(".")
+    root = str(path.parents[dots - 1] if dots else path.parent)
+    real = os.path.realpath(root)
+    if real.endswith(("site-packages", "dist-packages")) or real in _LIBS or real == _PTDASH:
+        root, real = str(path), os.path.realpath(path)  # a module of its own among others: that file
+    under = real.startswith(_PTDASH + "/") or any(real.startswith(lib + "/") for lib in _LIBS)
+    return root if under else ""
+
+
+def _lib(path: str, root: str = "") -> str:
+    """The package a file belongs to ("" for the script's own code, and below ``root``)."""
+    if root and (path == root or path.startswith(root + "/")):
+        return ""
     if path.startswith(_PTDASH):
         return "ptdash"
     if path.startswith("<"):
         return "python"
-    for root in _LIBS:
-        if path.startswith(root):
-            rest = path[len(root):].lstrip("/").split("/")
+    for lib in _LIBS:
+        if path.startswith(lib):
+            rest = path[len(lib):].lstrip("/").split("/")
             if rest[0] in ("site-packages", "dist-packages") and len(rest) > 1:
                 rest = rest[1:]
             return rest[0].removesuffix(".py") or "python"
     return ""
 
 
-def _frames(frame) -> tuple[Frame, ...]:
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) ")
+_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+_ESCAPE = re.compile(r"\\(x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
+
+
+def _unescape(text: str) -> str:
+    """faulthandler writes ASCII: a name's other characters as \\xe9, \\u00e9..."""
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1)[1:], 16)), text) if "\\" in text else text
+
+
+def _dump() -> dict[int, list[tuple[str, int, str]]]:
+    """Every thread's frames as ``(file, line, function)``, outermost first, its innermost
+    ``MAX_FRAMES``, all at one moment: faulthandler walks them in C without letting another
+    thread run. (Walked in Python, the training thread ran on between the threads' walks and
+    a stack held frames it had left, each at the line it returned from.)"""
+    fd = os.memfd_create("ptdash-stacks") if hasattr(os, "memfd_create") else None
+    with (open(fd, "w+b") if fd is not None else tempfile.TemporaryFile()) as f:
+        faulthandler.dump_traceback(f, all_threads=True)
+        f.seek(0)
+        text = f.read().decode("ascii", "replace")
+    out: dict[int, list[tuple[str, int, str]]] = {}
+    frames: list | None = None
+    for line in text.splitlines():
+        if m := _THREAD.match(line):
+            frames = out.setdefault(int(m.group(1), 16), [])
+        elif frames is not None and (m := _FRAME.match(line)) and len(frames) < MAX_FRAMES:
+            frames.append((_unescape(m.group(1)), int(m.group(2)), _unescape(m.group(3))))
+    return {ident: frames[::-1] for ident, frames in out.items()}
+
+
+def _frames(walked: list[tuple], root: str = "") -> tuple[Frame, ...]:
     out = []
-    for entry in traceback.extract_stack(frame, limit=MAX_FRAMES):
-        if entry.filename == __file__:
+    for file, line, func in walked:
+        if file == __file__:
             continue  # the counting wrapper around a collective
-        lib = _lib(entry.filename)
-        out.append(Frame(file=entry.filename, line=entry.lineno or 0, func=entry.name, code=(entry.line or "")[:200],
-                         own=not lib, lib=lib))
+        lib = _lib(file, root)
+        code = linecache.getline(file, line or 0).strip()
+        out.append(Frame(file=file, line=line or 0, func=func, code=code[:200], own=not lib, lib=lib))
     return tuple(out)
 
 
@@ -125,14 +179,14 @@ class StackTaker:
         me = threading.get_ident()
         training = self.training or threading.main_thread().ident
         names = {t.ident: t.name for t in threading.enumerate()}
+        root = script_root()
         threads = []
-        for ident, frame in sys._current_frames().items():
+        for ident, frames in _dump().items():
             if ident == me:
                 continue
             name = names.get(ident, f"thread {ident}")
             threads.append(Thread(name=name, training=ident == training, ptdash=name.startswith("ptdash"),
-                                  frames=_frames(frame)))
-            frame = None  # a frame holds its locals alive
+                                  frames=_frames(frames, root)))
         threads.sort(key=lambda t: (not t.training, t.ptdash, t.name))
         return RankStacks(rank=self._rank(), pid=os.getpid(), step=self._step(), threads=tuple(threads),
                           collectives=dict(self.collectives.counts), last_collective=dict(self.collectives.last),

@@ -167,11 +167,12 @@ def at(frame: Frame) -> str:
     return f"{short(frame.file)}:{frame.line}"
 
 
-def doing(rank: RankStacks) -> tuple[str, str]:
+def doing(rank: RankStacks, alone: bool = False) -> tuple[str, str]:
     """``(kind, words)``: what the training thread does. Kinds: ``collective``, ``backward``,
     ``ptdash`` (the others' step boundary), ``data`` (a DataLoader batch), ``sleep``,
     ``python`` (the script's own code runs, or a C function it called, like ``time.sleep``),
-    ``library``, ``stopped``, ``silent`` (no answer)."""
+    ``library``, ``stopped``, ``silent`` (no answer). ``alone``: the run's only process (its
+    backward waits for no other rank)."""
     if not rank.answered:
         if rank.state.startswith("T"):
             return "stopped", "its process is stopped (SIGSTOP or a debugger)"
@@ -190,7 +191,7 @@ def doing(rank: RankStacks) -> tuple[str, str]:
         if "torch/utils/data/" in f.file:
             return "data", "waiting for a DataLoader batch"
         if f.func in ("backward", "_engine_run_backward") and f.lib == "torch":
-            return "backward", "in backward (DDP's gradient all-reduce waits there)"
+            return "backward", "in backward" + ("" if alone else " (DDP's gradient all-reduce waits there)")
         if f.func == "sleep" or (f.lib in ("threading", "queue") and f.func in ("wait", "get", "acquire")):
             return "sleep", f"waiting in {f.func}"
     if not below:
@@ -216,7 +217,7 @@ def where(rank: RankStacks) -> str:
 def culprits(ranks: list[RankStacks]) -> list[int]:
     """The ranks the others wait for, by their stacks: those that are not in a collective,
     backward or ptdash's step boundary while some others are (none when all wait, or none does)."""
-    kinds = {r.rank: doing(r)[0] for r in ranks}
+    kinds = {r.rank: doing(r, len(ranks) == 1)[0] for r in ranks}
     waiting = [r for r, k in kinds.items() if k in WAITING]
     if not waiting or len(waiting) == len(kinds):
         return []
@@ -252,21 +253,21 @@ def summary(ranks: list[RankStacks], seconds: float | None = None, so_far: bool 
     (a stall's length; ``so_far`` while it lasts) the length is said even when every rank waits."""
     if not ranks:
         return ""
-    named = culprits(ranks)
+    named, alone = culprits(ranks), len(ranks) == 1
     groups: dict[tuple[str, str], list[int]] = {}
     for r in ranks:
-        kind, words = doing(r)
+        kind, words = doing(r, alone)
         spot = where(r)
         groups.setdefault((spot, kind if kind in WAITING or not spot else words), []).append(r.rank)
     lasting = f" for {seconds:.0f} s{' so far' if so_far else ''}" if seconds is not None else ""
     parts = []
     for (spot, what), numbers in sorted(groups.items(), key=lambda g: (not set(g[1]) & set(named), g[1])):
         first = ranks[[r.rank for r in ranks].index(numbers[0])]
-        kind, words = doing(first)
+        kind, words = doing(first, alone)
         if kind in ("stopped", "silent"):
             step = f" (last known step {first.step})" if first.step is not None else ""
             parts.append(f"{_ranks(numbers)}: {words}{step}")
-        elif kind in WAITING:
+        elif kind in WAITING and not alone:  # a single process waits for no other
             said = f" ({words})" if kind in ("collective", "ptdash") and spot else ""
             parts.append(f"{_ranks(numbers)} waited in {spot or words}{said}")
         else:
@@ -334,7 +335,7 @@ def render(ranks: list[RankStacks], width: int = 100, all_threads: bool = True) 
     if len(answered) == 1:  # one process, or one rank of several that answered: its stack alone
         only = answered[0]
         step = f", step {only.step}" if only.step is not None else ""
-        lines.append(f"rank {only.rank}{step}: {doing(only)[1]}; training thread:")
+        lines.append(f"rank {only.rank}{step}: {doing(only, len(ranks) == 1)[1]}; training thread:")
         for frame in common + (groups[0][1] if groups else []):
             lines += _frame_lines(frame, False, width)
         common, groups = [], []

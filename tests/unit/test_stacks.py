@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import linecache
 import os
+import sys
+import sysconfig
 import threading
+import types
+from pathlib import Path
 
+import ptdash
 from ptdash.shared import events
 from ptdash.shared.stacks import (
     Frame,
@@ -127,6 +133,120 @@ def test_this_process_takes_its_stacks_from_another_thread_training_thread_first
     assert first.training and first.name == "trainer"
     assert [f.func for f in first.frames if f.own][-1] == "blocked_in_c"
     assert first.frames[-1].func == "wait" and first.frames[-1].lib == "threading"
+
+
+def _take_inside(filename: str, main_file: str, spec_name: str | None) -> RankStacks:
+    """This process's stacks while a thread runs code compiled as ``filename``, with
+    ``__main__`` as a script at ``main_file`` (``spec_name``: as ``python -m`` runs it)."""
+    started, release = threading.Event(), threading.Event()
+    space: dict = {"started": started, "release": release}
+    exec(compile("def train_step():\n    started.set()\n    release.wait(30)\n", filename, "exec"), space)
+    main = types.ModuleType("__main__")
+    main.__file__, main.__spec__ = main_file, (types.SimpleNamespace(name=spec_name) if spec_name else None)
+    worker = threading.Thread(target=space["train_step"], name="trainer")
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = main
+    worker.start()
+    started.wait(30)
+    try:
+        taker = StackTaker(lambda: 0, lambda: 5)
+        taker.training = worker.ident
+        return RankStacks.from_data(taker.take())
+    finally:
+        sys.modules["__main__"] = saved
+        release.set()
+        worker.join(30)
+
+
+def test_a_script_that_lies_among_ptdash_s_or_a_package_s_files_is_still_the_script():
+    # The demo lives in ptdash's package, and `-m pkg.train` of an installed package in
+    # site-packages: their frames are the script's, so the sentence names their lines.
+    demo = str(Path(ptdash.__file__).parent / "demo")
+    taken = _take_inside(f"{demo}/model.py", f"{demo}/train.py", None)
+    inner = next(f for f in taken.training.frames if f.func == "train_step")
+    assert inner.own and not inner.lib, inner
+    assert where(taken) == "`train_step` (model.py:3)"  # (no source line: the file is not on disk)
+    site = sysconfig.get_paths()["purelib"]
+    taken = _take_inside(f"{site}/mypkg/layers/attn.py", f"{site}/mypkg/train.py", "mypkg.train")
+    assert next(f for f in taken.training.frames if f.func == "train_step").own
+    # A top-level module of site-packages makes only its own file the script's, not its neighbours'.
+    taken = _take_inside(f"{site}/other.py", f"{site}/single.py", "single")
+    inner = next(f for f in taken.training.frames if f.func == "train_step")
+    assert not inner.own and inner.lib == "other", inner
+
+
+SPINNER = """
+def outer(stop):
+    while not stop.is_set():
+        middle()
+        other()
+
+def middle():
+    inner()
+
+def inner():
+    sum(range(2000))
+
+def other():
+    sum(range(2000))
+"""
+
+
+def test_a_take_is_one_moment_of_the_training_thread_not_frames_it_has_left(tmp_path):
+    # The training thread runs on between threads' walks (reading a source file releases the
+    # GIL): every thread's frames are walked before any line is read, so a stack never holds
+    # a frame that has returned (read at its return line) under a caller that has moved on.
+    source = tmp_path / "spinner.py"
+    source.write_text(SPINNER)
+    space: dict = {}
+    exec(compile(SPINNER, str(source), "exec"), space)
+    stop = threading.Event()
+    worker = threading.Thread(target=space["outer"], args=(stop,), name="trainer")
+    worker.start()
+    sleepers = [threading.Thread(target=stop.wait, name=f"sleeper{i}") for i in range(4)]
+    for t in sleepers:
+        t.start()  # walked before the trainer (newest first), their files read first
+    calls = {4: "middle", 5: "other", 8: "inner"}
+    try:
+        taker = StackTaker(lambda: 0, lambda: 1)
+        taker.training = worker.ident
+        for _ in range(300):
+            linecache.clearcache()  # every take reads its files again, as the first one does
+            frames = [f for f in RankStacks.from_data(taker.take()).training.frames if f.file == str(source)]
+            for caller, callee in zip(frames, frames[1:]):
+                assert calls.get(caller.line) == callee.func, frames
+    finally:
+        stop.set()
+        for t in [worker, *sleepers]:
+            t.join(30)
+
+
+def test_a_file_and_function_of_other_characters_than_ascii_read_as_they_are(tmp_path):
+    source = tmp_path / "données" / "entraîner.py"
+    source.parent.mkdir()
+    source.write_text("def attendre_ü(started, release):\n    started.set()\n    release.wait(30)\n")
+    space: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), space)
+    started, release = threading.Event(), threading.Event()
+    worker = threading.Thread(target=space["attendre_ü"], args=(started, release), name="trainer")
+    worker.start()
+    started.wait(30)
+    try:
+        taker = StackTaker(lambda: 0, lambda: 1)
+        taker.training = worker.ident
+        frame = next(f for f in RankStacks.from_data(taker.take()).training.frames if f.own)
+    finally:
+        release.set()
+        worker.join(30)
+    assert (frame.file, frame.func, frame.line, frame.code) == (str(source), "attendre_ü", 3, "release.wait(30)")
+
+
+def test_a_single_process_in_backward_waits_for_no_other_rank():
+    one = [_rank(0, *BACKWARD)]
+    assert doing(one[0], alone=True) == ("backward", "in backward")
+    assert summary(one) == "rank 0 was in `loss.backward()` (train.py:15), in backward"
+    assert "rank 0, step 29: in backward; training thread:" in render(one)
+    assert "DDP" in doing(one[0])[1]  # a rank of several: DDP's all-reduce is what waits there
 
 
 def test_collectives_are_counted_and_the_wrappers_undone():

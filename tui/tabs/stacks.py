@@ -57,7 +57,7 @@ def _rank(out: Text, rank: RankStacks, several: bool) -> None:
         out.append(f"{rank.note or 'no answer'}" + (f"; process {rank.state}" if rank.state else "")
                    + (f", in the kernel at {rank.wchan}" if rank.wchan else ""), "bold red")
         return
-    out.append(doing(rank)[1])
+    out.append(doing(rank, alone=not several)[1])
     if rank.note:
         out.append(f" ({rank.note})", "dim")
     threads = sorted(rank.threads, key=lambda t: (not t.training, t.ptdash))
