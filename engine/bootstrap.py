@@ -132,6 +132,7 @@ def main() -> int:
     from .controls import StopTraining
     from .engine import Engine
     from .output import OutputRelay
+    from .outtap import OutputTap
     from .shared import rundir
     from .shared.frontlink import EngineLink
 
@@ -146,6 +147,8 @@ def main() -> int:
         engine = Engine(run_dir, config)
         if relay is not None:
             relay.follow(engine.printed, engine.hooks.state)
+        elif run_dir is not None:  # your own torchrun's fds, left as they are: the prints read (outtap.py)
+            relay = OutputTap.start(engine.printed, engine.hooks.state)
         if run_dir is not None:
             _hand_down(engine.primary)
         engine.start()

@@ -203,8 +203,9 @@ def launch(args: argparse.Namespace, target: list[str], name: str,
     # The engine relays the script's output to output.log itself, so a full disk never fails a print.
     env = dict(os.environ, PTDASH_RUN_DIR=str(run_dir), PYTHONUNBUFFERED="1")
     launched = args.nproc_per_node > 1 or nodes is not None
-    if nodes is None:  # each rank relays its own output: read for its metrics at its own steps
-        env["PTDASH_OUTPUT_RELAY"] = "1"
+    # Each rank relays its own output (on another node than the hub's, into its launcher's
+    # pipe to the hub, noderelay.py): read for its metrics at its own steps.
+    env["PTDASH_OUTPUT_RELAY"] = "1"
     pass_fds: tuple[int, ...] = ()
     if link is not None and not launched:
         env[frontlink.ENV] = str(link.fileno())

@@ -28,6 +28,7 @@ from ptdash.shared.reader import StoreReader
 from ptdash.shared.stacks import read
 from ptdash.tui.stacks_cli import take_stacks
 from support import users
+from support.printed import each_ranks_printed
 from support.runner import ENV, SCRIPTS, Run, kill_all, processes_in, wait_for
 
 pytestmark = pytest.mark.slow
@@ -357,6 +358,39 @@ def test_users_own_torchrun_on_two_nodes_reports_every_rank_to_the_hub(tmp_path)
         assert s.last_step(0) == 40 and s.last_step(1) == 40
         messages = [e.message for e in s.events()]
     assert "rank channel up: 2 ranks on 2 hosts" in messages
+
+
+@needs_unshare
+def test_each_nodes_printed_metrics_are_its_ranks_own_at_its_steps(tmp_path):
+    """``ptdash --nnodes 2`` on each node: node 1's rank relays its output into its launcher's
+    pipe to the hub and reads it for metrics; its values reach the store over the rank link."""
+    n0, n1, home, runtime = (tmp_path / n for n in ("n0", "n1", "home", "rt0"))
+    for d in (n0, n1, home, runtime):
+        d.mkdir(mode=0o700)
+    port = _ports()
+    env = {**ENV, "XDG_CONFIG_HOME": str(home), "XDG_RUNTIME_DIR": str(runtime)}
+    run_dir = n0 / "run"
+
+    def node(rank: int) -> list[str]:
+        return [sys.executable, "-m", "ptdash.tui.cli", "--headless", "--nnodes", "2", "--nproc-per-node", "1",
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job-31", "--node-rank", str(rank),
+                *(["--run-dir", str(run_dir)] if rank == 0 else []), str(SCRIPTS / "ddp_printed.py")]
+    with open(tmp_path / "node0.out", "w") as out0, open(tmp_path / "node1.out", "w") as out1:
+        node0 = subprocess.Popen(node(0), cwd=n0, env=env, stdout=out0, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
+        node1 = None
+        try:
+            wait_for(lambda: (run_dir / "run.json").exists(), 60, what="node 0's run dir")
+            node1 = _node1(node(1), n1, env, out1, hidden=(n0, runtime), absent=run_dir / "run.json")
+            assert node0.wait(180) == 0 and node1.wait(180) == 0, \
+                (tmp_path / "node0.out").read_text()[-3000:] + (tmp_path / "node1.out").read_text()[-3000:]
+        finally:
+            for proc in (node0, node1):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+            kill_all(processes_in(n0) + processes_in(n1))
+    assert rundir.read_info(run_dir).hosts == {"0": socket.gethostname(), "1": NODE1}
+    each_ranks_printed(run_dir)
 
 
 def test_another_nodes_ptdash_given_node_0s_run_dir_on_a_shared_home_makes_its_own_beside_it(tmp_path):

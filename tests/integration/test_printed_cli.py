@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -14,7 +16,8 @@ from ptdash.tui.app import make_app
 from ptdash.tui.fmt import fmt_num
 from ptdash.tui.source.replay import ReplaySource
 from support.pilot import screen_text, until
-from support.runner import SCRIPTS, ptdash
+from support.printed import each_ranks_printed
+from support.runner import ENV, SCRIPTS, ptdash
 
 
 def test_every_printed_value_is_in_the_store_at_its_step_and_nothing_else_is(tmp_path):
@@ -118,15 +121,24 @@ def test_under_ddp_each_ranks_printed_metrics_are_its_own_at_its_steps(tmp_path,
         [str(SCRIPTS / "ddp_printed.py"), "--spawn"]
     result = ptdash("--headless", "--run-dir", "run", *launch, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    with StoreReader(tmp_path / "run" / "metrics.db") as store:
-        for rank in (0, 1):
-            assert store.series(names.printed("val_loss"), rank=rank) == \
-                ([5, 10, 15, 20], [rank + step / 100 for step in (5, 10, 15, 20)]), rank
-        found = sorted((e.rank, e.step) for e in store.events(kind="printed"))
-    assert found == [(0, 5), (1, 5)]  # each rank's first value, said once
-    lines = (tmp_path / "run" / "output.log").read_text().splitlines()
-    assert sorted(line for line in lines if line.startswith("rank ")) == sorted(
-        f"rank {r} | val_loss={r + s / 100}" for r in (0, 1) for s in (5, 10, 15, 20))
+    each_ranks_printed(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_under_your_own_torchrun_each_ranks_prints_are_read_and_its_fds_left_as_they_are(tmp_path):
+    """``torchrun --nproc-per-node 2 -m ptdash.bootstrap``: the ranks' fds stay torchrun's
+    (stdout and stderr apart, here two files), their prints are read at their own steps."""
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               "-m", "ptdash.bootstrap", str(SCRIPTS / "ddp_printed.py")],
+                              cwd=tmp_path, env=ENV, stdout=out, stderr=err, stdin=subprocess.DEVNULL, timeout=300)
+    said = (tmp_path / "out").read_text()
+    assert proc.returncode == 0, said + (tmp_path / "err").read_text()
+    (run_dir,) = [p.parent for p in (tmp_path / "ptdash-runs").glob("*/run.json")]
+    # The lines went where torchrun put them, as without ptdash: every value line on stdout;
+    # rank 0 said where the run dir is on stderr.
+    each_ranks_printed(run_dir, output=said)
+    assert "ptdash: run dir" in (tmp_path / "err").read_text() and "ptdash: run dir" not in said
 
 
 @pytest.mark.parametrize("how", ["sys.stdout", "own-stdout"])
