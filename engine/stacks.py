@@ -9,6 +9,8 @@ What is taken is a list of ``shared.stacks.RankStacks`` JSON objects.
 
 ``Collectives`` counts the script's torch.distributed calls (a wrapper that adds one to a
 dict entry, no sync, no tensor touched), so that a rank that made one call fewer is named.
+torch's flight recorder, read with the stacks (flight.py), has every collective of the process
+groups, DDP's reducer's too.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from . import flight
 from .patching import Patches
 from .shared.stacks import Frame, RankStacks, Thread
 
@@ -190,4 +193,4 @@ class StackTaker:
         threads.sort(key=lambda t: (not t.training, t.ptdash, t.name))
         return RankStacks(rank=self._rank(), pid=os.getpid(), step=self._step(), threads=tuple(threads),
                           collectives=dict(self.collectives.counts), last_collective=dict(self.collectives.last),
-                          wall=time.time()).to_data()
+                          wall=time.time(), flight=flight.read()).to_data()

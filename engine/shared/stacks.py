@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import flight
+from .flight import Flight
 from .records import Record
 
 ANSWER_SECONDS = 3.0
@@ -73,6 +75,8 @@ class RankStacks(Record):
     last_collective: dict = field(default_factory=dict)
     """The step of each one's newest call (``all_reduce``: 29)."""
     wall: float = 0.0
+    flight: Flight = field(default_factory=Flight)
+    """torch's flight recorder's newest collectives per process group (shared/flight.py)."""
 
     @property
     def training(self) -> Thread | None:
@@ -276,7 +280,8 @@ def summary(ranks: list[RankStacks], seconds: float | None = None, so_far: bool 
     text = "; ".join(parts)
     if lasting and lasting not in text:
         text += f"; no rank made a step{lasting}"
-    more = mismatch(ranks)
+    recorded = flight.mismatch(ranks)
+    more = "; ".join(m for m in (mismatch(ranks), recorded and f"by the flight recorder, {recorded}") if m)
     return f"{text}; {more}" if more else text
 
 

@@ -1,0 +1,84 @@
+"""torch's flight recorder: switched on in each rank ptdash starts, read with its stacks.
+
+Each process group records its collectives in a ring buffer whose size torch reads from
+``TORCH_FR_BUFFER_SIZE`` (or ``TORCH_NCCL_TRACE_BUFFER_SIZE``) when the group is made; 0 is off.
+torch 2.13 keeps 2000 by default; older ones kept none for NCCL and had none for gloo.
+``enable`` sets 2000 where the user set neither, before the script runs, so that every rank
+(and every process the script starts: they inherit the environment) records. ``read`` takes
+its newest entries per group (``_dump_fr_trace_json``, a copy of the buffer made under its
+lock), on ptdash's thread that takes the stacks (stacks.py); anything that
+goes wrong reads as a ``Flight`` with a note, never as an error of the take.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .shared.flight import KEEP, Entry, Flight, Group
+
+BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+SIZE = "2000"
+"""Entries ptdash asks torch to keep per process, where the user did not say."""
+
+
+def enable(environ=os.environ) -> None:
+    """Ask torch to record collectives, unless the user set the buffer's size (0 switches it off)."""
+    if not any(name in environ for name in BUFFER_ENV):
+        environ[BUFFER_ENV[0]] = SIZE
+
+
+def _int(value, default: int = -1) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _entry(raw: dict) -> Entry:
+    group = raw.get("process_group") or ["", ""]
+    return Entry(group=str(group[0]), desc=str(group[1]) if len(group) > 1 else "",
+                 seq=_int(raw.get("collective_seq_id"), 0), op=str(raw.get("profiling_name", "")),
+                 sizes=tuple(tuple(_int(d, 0) for d in s) for s in raw.get("input_sizes") or () if isinstance(s, list)),
+                 dtypes=tuple(map(str, raw.get("input_dtypes") or ())), state=str(raw.get("state", "")),
+                 retired=raw.get("retired") is True, p2p=raw.get("is_p2p") is True,
+                 p2p_seq=_int(raw.get("p2p_seq_id"), 0), created_ns=_int(raw.get("time_created_ns"), 0))
+
+
+def parse(dump: dict, keep: int = KEEP) -> Flight:
+    """The newest ``keep`` entries of each group and the groups' counters, from the recorder's JSON."""
+    raw = [e for e in dump.get("entries") or () if isinstance(e, dict)]
+    entries = [_entry(e) for e in raw]
+    names = {str(e.get("pg_id")): entry.group for e, entry in zip(raw, entries)}
+    kept: dict[str, list[Entry]] = {}
+    for entry in sorted(entries, key=lambda e: (e.p2p, e.p2p_seq if e.p2p else e.seq, e.created_ns)):
+        kept.setdefault(entry.group, []).append(entry)
+    newest = [e for group in kept.values() for e in group[-keep:]]
+    newest.sort(key=lambda e: e.created_ns)
+    groups = tuple(Group(group=names.get(pg, pg), enqueued=_int(s.get("last_enqueued_collective")),
+                         started=_int(s.get("last_started_collective")),
+                         completed=_int(s.get("last_completed_collective")))
+                   for pg, s in sorted((dump.get("pg_status") or {}).items()) if isinstance(s, dict))
+    return Flight(entries=tuple(newest), groups=groups)
+
+
+def read(keep: int = KEEP) -> Flight:
+    """This process's flight recorder now: its newest entries per group, or a note why none."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return Flight(note="no process group")
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+    except ImportError:
+        return Flight(note="this torch has no flight recorder")
+    try:
+        dump = json.loads(_dump_fr_trace_json(True, False))
+        flight = parse(dump, keep) if isinstance(dump, dict) else Flight()
+    except Exception as exc:  # noqa: BLE001 - the stacks are taken all the same
+        return Flight(note=f"the flight recorder could not be read: {type(exc).__name__}: {exc}")
+    if not flight.entries and not flight.groups:
+        size = next((os.environ[n] for n in BUFFER_ENV if n in os.environ), None)
+        return Flight(note=f"the flight recorder is off ({BUFFER_ENV[0]}={size})" if size == "0"
+                      else "the flight recorder holds nothing")
+    return flight

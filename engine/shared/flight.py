@@ -1,0 +1,172 @@
+"""torch's flight recorder, as each rank's engine read it: its newest collectives per process group.
+
+Every process group of torch.distributed records the collectives it runs in a ring buffer
+(``TORCH_FR_BUFFER_SIZE`` entries, 2000 by default in torch 2.13, for gloo and NCCL alike),
+including those the script never calls by name: DDP's reducer's gradient all-reduces. A
+rank's engine reads it with its stacks (engine/flight.py); this module is what both sides read:
+the records (``Flight``: a rank's newest ``Entry``s per group and each group's counters), the
+sentence that names the ranks that are behind or disagree (``mismatch``) and one line per
+entry (``entry_line``). Stdlib only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .records import Record
+
+KEEP = 8
+"""Entries kept per process group, the newest."""
+
+
+@dataclass(frozen=True)
+class Entry(Record):
+    """One collective a process group ran (or is running), as the recorder has it."""
+
+    group: str = ""
+    """The process group's name (``0`` for the default group), the same on every rank."""
+    desc: str = ""
+    """The group's description (``default_pg``; ``undefined`` when the script gave none)."""
+    seq: int = 0
+    """Its number in the group's collectives (``collective_seq_id``), 1 for the first."""
+    op: str = ""
+    """``gloo:all_reduce``, ``nccl:broadcast``..."""
+    sizes: tuple[tuple[int, ...], ...] = ()
+    """Its input tensors' shapes."""
+    dtypes: tuple[str, ...] = ()
+    state: str = ""
+    """``scheduled``, ``started`` or ``completed`` (gloo says ``scheduled`` until it is retired)."""
+    retired: bool = False
+    """Its work is over (completed, or given up)."""
+    p2p: bool = False
+    """A send or recv (numbered apart, in ``p2p_seq``)."""
+    p2p_seq: int = 0
+    created_ns: int = 0
+
+
+@dataclass(frozen=True)
+class Group(Record):
+    """A process group's counters: the numbers of its newest collectives (-1: none yet)."""
+
+    group: str = ""
+    enqueued: int = -1
+    started: int = -1
+    completed: int = -1
+
+
+@dataclass(frozen=True)
+class Flight(Record):
+    """What a rank's flight recorder held when its stacks were taken, or why nothing."""
+
+    entries: tuple[Entry, ...] = ()
+    """The newest ``KEEP`` of each group, oldest first."""
+    groups: tuple[Group, ...] = ()
+    note: str = ""
+    """Why there are no entries (no recorder in this torch, switched off, not read)."""
+
+
+def status(entry: Entry) -> str:
+    """``completed``, ``started`` or ``scheduled``: what is known of how far it got."""
+    return "completed" if entry.state == "completed" or entry.retired else (entry.state or "scheduled")
+
+
+def elements(entry: Entry) -> int:
+    total = 0
+    for shape in entry.sizes:
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+def what(entry: Entry, with_state: bool = True) -> str:
+    """``gloo:all_reduce, 25 elements, scheduled``."""
+    parts = [entry.op or "?"]
+    if entry.sizes:
+        n = elements(entry)
+        parts.append(f"{n} element{'s' if n != 1 else ''}")
+    if with_state:
+        parts.append(status(entry))
+    return ", ".join(parts)
+
+
+def entry_line(entry: Entry) -> str:
+    """One entry on one line: ``group 0 #42  gloo:all_reduce  [25]  Float  scheduled``."""
+    number = f"p2p #{entry.p2p_seq}" if entry.p2p else f"#{entry.seq}"
+    shapes = " ".join("[" + ", ".join(map(str, s)) + "]" for s in entry.sizes) or "-"
+    return f"group {entry.group} {number}  {entry.op}  {shapes}  {' '.join(entry.dtypes) or '-'}  {status(entry)}"
+
+
+def group_name(group: str, desc: str) -> str:
+    return f"group {group}" + (f" ({desc})" if desc and desc != "undefined" else "")
+
+
+def _newest(flight: Flight, group: str) -> tuple[int, Entry | None]:
+    """The number of a rank's newest collective in ``group`` and its entry (when kept)."""
+    kept = [e for e in flight.entries if e.group == group and not e.p2p]
+    counted = next((g.enqueued for g in flight.groups if g.group == group), -1)
+    seq = max([counted] + [e.seq for e in kept])
+    return seq, next((e for e in reversed(kept) if e.seq == seq), None)
+
+
+def _ranks(numbers: list[int]) -> str:
+    return f"rank{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
+
+
+def _at(seq: int, entry: Entry | None) -> str:
+    return f"collective {seq}" + (f" ({what(entry)})" if entry is not None else "")
+
+
+def _behind(group: str, desc: str, newest: dict[int, tuple[int, Entry | None]]) -> str:
+    top = max(seq for seq, _ in newest.values())
+    low = sorted(r for r, (seq, _) in newest.items() if seq < top)
+    parts = []
+    for seq in sorted({newest[r][0] for r in low}):
+        numbers = [r for r in low if newest[r][0] == seq]
+        parts.append(f"{_ranks(numbers)} {'is' if len(numbers) == 1 else 'are'} at {_at(seq, newest[numbers[0]][1])}")
+    ahead = sorted(r for r, (seq, _) in newest.items() if seq == top)
+    return f"{'; '.join(parts)} of {group_name(group, desc)}; {_ranks(ahead)} at {_at(top, newest[ahead[0]][1])}"
+
+
+def _differ(group: str, desc: str, flights: dict[int, Flight]) -> str:
+    """The first collective number that the ranks kept but ran as different collectives (op or
+    shapes), named with what each ran; "" when none."""
+    kept = {r: {e.seq: e for e in f.entries if e.group == group and not e.p2p} for r, f in flights.items()}
+    common = set.intersection(*(set(k) for k in kept.values())) if kept else set()
+    for seq in sorted(common):
+        runs: dict[tuple, list[int]] = {}
+        for r, k in sorted(kept.items()):
+            runs.setdefault((k[seq].op, k[seq].sizes), []).append(r)
+        if len(runs) > 1:
+            said = "; ".join(f"{_ranks(rs)} {what(kept[rs[0]][seq])}" for rs in runs.values())
+            return f"collective {seq} of {group_name(group, desc)} is not the same on every rank: {said}"
+    return ""
+
+
+def mismatch(ranks: list) -> str:
+    """By the flight recorder, per process group: the ranks whose newest collective is an older
+    one than the others' ("rank 1 is at collective 41 (gloo:all_reduce, 25 elements, completed)
+    of group 0 (default_pg); rank 0 at collective 42 (...)"), and a collective number the ranks
+    ran as different collectives; "" when they agree or no rank's recorder was read.
+    ``ranks`` are RankStacks (their ``rank``, ``answered`` and ``flight``)."""
+    flights = {r.rank: r.flight for r in ranks if r.answered and (r.flight.entries or r.flight.groups)}
+    if len(flights) < 2:
+        return ""
+    groups: dict[str, str] = {}
+    for e in (e for f in flights.values() for e in f.entries):
+        groups.setdefault(e.group, e.desc)
+    for g in (g for f in flights.values() for g in f.groups):
+        groups.setdefault(g.group, "")
+    out = []
+    for group, desc in sorted(groups.items(), key=lambda g: (len(g[0]), g[0])):
+        members = {r: f for r, f in flights.items() if any(e.group == group for e in f.entries)
+                   or any(g.group == group and g.enqueued >= 0 for g in f.groups)}
+        if len(members) < 2:
+            continue
+        newest = {r: _newest(f, group) for r, f in members.items()}
+        if len({seq for seq, _ in newest.values()}) > 1:
+            out.append(_behind(group, desc, newest))
+        elif said := _differ(group, desc, members):
+            out.append(said)
+    return "; ".join(out)
