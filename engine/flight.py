@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from .shared.flight import KEEP, Entry, Flight, Group
+from .shared.flight import KEEP, NO_GROUP, Entry, Flight, Group
 
 BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 SIZE = "2000"
@@ -67,7 +67,7 @@ def read(keep: int = KEEP) -> Flight:
     """This process's flight recorder now: its newest entries per group, or a note why none."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
-        return Flight(note="no process group")
+        return Flight(note=NO_GROUP)
     try:
         from torch._C._distributed_c10d import _dump_fr_trace_json
     except ImportError:

@@ -18,6 +18,9 @@ from .records import Record
 KEEP = 8
 """Entries kept per process group, the newest."""
 
+NO_GROUP = "no process group"
+"""The note of a process that made none (a run of one process): nothing to say."""
+
 
 @dataclass(frozen=True)
 class Entry(Record):
@@ -170,3 +173,21 @@ def mismatch(ranks: list) -> str:
         elif said := _differ(group, desc, members):
             out.append(said)
     return "; ".join(out)
+
+
+def render(ranks: list, last: int = 4) -> list[str]:
+    """The ``ptdash stacks`` lines of each rank's ``last`` newest collectives per group, newest last
+    (the ranks' notes when no rank's recorder had any, but for a process with no group)."""
+    lines = []
+    for r in ranks:
+        entries = r.flight.entries
+        if not r.answered or not entries:
+            continue
+        shown = [e for g in dict.fromkeys(e.group for e in entries)
+                 for e in [x for x in entries if x.group == g][-last:]]
+        lines.append(f"rank {r.rank}: flight recorder, newest collectives")
+        lines += [f"  {entry_line(e)}" for e in sorted(shown, key=lambda e: e.created_ns)]
+    if not lines:
+        notes = sorted({n for r in ranks if r.answered and (n := r.flight.note) and n != NO_GROUP})
+        lines = [f"({'; '.join(notes)})"] if notes else []
+    return lines

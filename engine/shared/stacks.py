@@ -329,7 +329,8 @@ def _frame_lines(frame: Frame, mark: bool, width: int) -> list[str]:
 
 def render(ranks: list[RankStacks], width: int = 100, all_threads: bool = True) -> list[str]:
     """The text of ``ptdash stacks``: the summary, the common frames, the ranks side by side
-    from the frame where they differ (marked ▶), the silent ranks, then the other threads."""
+    from the frame where they differ (marked ▶), the silent ranks, each rank's newest collectives
+    by the flight recorder (shared/flight.py), then the other threads."""
     ranks = read(ranks)
     lines = []
     text = summary(ranks)
@@ -373,6 +374,8 @@ def render(ranks: list[RankStacks], width: int = 100, all_threads: bool = True) 
                                                                           if r.wchan else ""))
     for note in sorted({r.note for r in ranks if r.answered and r.note}):
         lines.append(f"({note})")
+    recorded = flight.render(ranks)
+    lines += [""] + recorded if recorded else []
     if all_threads:
         for r in ranks:
             others = [t for t in r.threads if not t.training]

@@ -115,7 +115,13 @@ def test_two_gloo_ranks_one_stuck_named_on_demand_and_in_the_stall(tmp_path, han
         assert "ranks differ here:" in text.stdout and "▶" in text.stdout, text.stdout
         doctor = ptdash("doctor", str(run.run_dir), cwd=tmp_path, timeout=60)
         assert stuck in doctor.stdout.replace("\n        ", " "), doctor.stdout
-        if hang == "python":
+        if hang == "python":  # DDP's gradient all-reduce, which the script never calls, waits for rank 1
+            behind = ("rank 1 is at collective {} (gloo:all_reduce, 1 element, completed) of group 0 (default_pg); "
+                      "rank 0 at collective {} (gloo:all_reduce, 161 elements, scheduled)")
+            (one,) = [r for r in read(answer["ranks"]) if r.rank == 1]
+            seq = one.flight.entries[-1].seq
+            assert behind.format(seq, seq + 1) in answer["summary"] and behind.format(seq, seq + 1) in stall.where
+            assert f"#{seq + 1}  gloo:all_reduce  [161]  Float  scheduled" in text.stdout, text.stdout
             asyncio.run(_k_in_the_dashboard(run))
     finally:
         run.close()
@@ -137,6 +143,32 @@ async def _k_in_the_dashboard(run: Run) -> None:
         await until(pilot, lambda: "stacks asked for at" in screen_text(app), what="the Ranks tab under it")
         assert app.query_one("TabbedContent").active == "ranks"
         assert "ranks differ here:" in screen_text(app)
+
+
+def test_a_rank_that_skipped_a_ddp_step_is_named_by_the_flight_recorder(tmp_path):
+    """Rank 1 skips step 12 (no labelled example): its DDP backward all-reduces are one behind
+    rank 0's, unseen until the end, where it waits in the final barrier and rank 0 in its last
+    backward. The script's named calls cannot say why; the process group's recorder can."""
+    shutil.copy(SCRIPTS / "ddp_skip.py", tmp_path / "train.py")
+    run = Run(tmp_path, "train.py", "--steps", "20", "--at", "12",
+              options=("--stall-timeout", "3", "--nproc-per-node", "2"))
+    waits = ("rank 0 waited in `loss.backward()` (train.py:", "rank 1 waited in `dist.barrier()` (train.py:")
+    differ = ("of group 0 (default_pg) is not the same on every rank: rank 0 gloo:all_reduce, 178 elements, "
+              "scheduled; rank 1 gloo:barrier, scheduled")
+    try:
+        stall = wait_for(lambda: _stall(run), 180, what="the stall stored")
+        assert all(w in stall.where for w in waits) and differ in stall.where, stall.where
+        code, answer = _stacks(run, tmp_path)
+        assert code == 0 and all(w in answer["summary"] for w in waits) and differ in answer["summary"]
+        zero, one = read(answer["ranks"])
+        assert zero.flight.entries[-1].seq == one.flight.entries[-1].seq
+        assert (zero.flight.entries[-1].op, one.flight.entries[-1].op) == ("gloo:all_reduce", "gloo:barrier")
+        assert sum(e.op == "gloo:all_reduce" for e in one.flight.entries) >= 6  # the reducer's, none by name
+        assert "all_reduce" not in zero.collectives
+        doctor = ptdash("doctor", str(run.run_dir), cwd=tmp_path, timeout=60)
+        assert differ in doctor.stdout.replace("\n        ", " "), doctor.stdout
+    finally:
+        run.close()
 
 
 def test_a_rank_that_cannot_answer_is_named_with_its_last_step_and_proc_state(tmp_path):

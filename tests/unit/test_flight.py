@@ -10,7 +10,7 @@ import sys
 
 from ptdash.flight import enable, parse
 from ptdash.shared.flight import Entry, Flight, Group, entry_line, mismatch
-from ptdash.shared.stacks import RankStacks, read, summary
+from ptdash.shared.stacks import RankStacks, read, render, summary
 
 ONE_RANK = """
 import json, os, tempfile, threading
@@ -121,3 +121,17 @@ def test_parse_keeps_the_newest_of_each_group_and_maps_the_counters_to_group_nam
     assert flight.entries[0].sizes == ((2, 3),)
     assert flight.groups == (Group(group="0", enqueued=12, completed=12), Group(group="7", enqueued=1))
     assert parse({"version": "2.10"}) == Flight()
+
+
+def test_ptdash_stacks_text_has_each_rank_s_newest_collectives_one_line_each():
+    reduce = Flight(entries=tuple(_op(s) for s in range(1, 9)) + (_op(9, retired=False),))
+    ranks = _ranks(reduce, Flight(entries=(_op(8),)))
+    lines = render(ranks)
+    at = lines.index("rank 0: flight recorder, newest collectives")
+    assert lines[at + 1:at + 5] == [f"  group 0 #{s}  gloo:all_reduce  [30]  Float  completed" for s in (6, 7, 8)] + [
+        "  group 0 #9  gloo:all_reduce  [30]  Float  scheduled"]
+    assert lines[at + 5:at + 7] == ["rank 1: flight recorder, newest collectives",
+                                    "  group 0 #8  gloo:all_reduce  [30]  Float  completed"]
+    off = _ranks(Flight(note="the flight recorder is off (TORCH_FR_BUFFER_SIZE=0)"), Flight(note="no process group"))
+    assert "(the flight recorder is off (TORCH_FR_BUFFER_SIZE=0))" in render(off)
+    assert not any("flight recorder" in line for line in render(_ranks(Flight(note="no process group"))))
