@@ -183,8 +183,9 @@ class StackTaker:
         training = self.training or threading.main_thread().ident
         names = {t.ident: t.name for t in threading.enumerate()}
         root = script_root()
-        threads = []
-        for ident, frames in _dump().items():
+        threads, dumped = [], _dump()
+        recorded = flight.read()  # the collectives of the same moment, as near as can be
+        for ident, frames in dumped.items():
             if ident == me:
                 continue
             name = names.get(ident, f"thread {ident}")
@@ -193,4 +194,4 @@ class StackTaker:
         threads.sort(key=lambda t: (not t.training, t.ptdash, t.name))
         return RankStacks(rank=self._rank(), pid=os.getpid(), step=self._step(), threads=tuple(threads),
                           collectives=dict(self.collectives.counts), last_collective=dict(self.collectives.last),
-                          wall=time.time(), flight=flight.read()).to_data()
+                          wall=time.time(), flight=recorded).to_data()
