@@ -110,12 +110,14 @@ class RankCollector:
         step not seen yet (a row of a step seen already holds what the script printed since, not
         a step made). The first step after a stall's is when the stall ended."""
         step, wall = rows[-1][0], rows[-1][1]
+        stall = self._stall
+        if stall is not None and step <= stall.step:  # steps made before the stall, reported late
+            return
         if self._progress.get(rank, (None, 0.0))[0] != step:
             self._progress[rank] = (step, now)
             self._walls[rank] = wall
-            stall = self._stall
             if stall is not None and stall.resumed is None:
-                stall.resumed = next((r[1] for r in rows if r[0] > stall.steps.get(rank, -1)), wall)
+                stall.resumed = next((r[1] for r in rows if r[0] > stall.step), wall)
 
     def _watch(self, now: float) -> None:
         """A stall is named once: the ranks behind the others, or a stopped process; a rank
@@ -135,17 +137,19 @@ class RankCollector:
             return
         since = max(t for _, t in self._progress.values())
         stopped = [rank for rank, pid in sorted(self._pids().items()) if _process_state(pid) == "T"]
-        lowest = min(quiet.values())
+        lowest, highest = min(quiet.values()), max(quiet.values())
         behind = [rank for rank, step in sorted(quiet.items()) if step == lowest]
         if stopped:
             culprits, why = stopped, "its process is stopped (SIGSTOP or a debugger)"
         elif len(behind) < len(quiet):
-            culprits, why = behind, f"the others wait for it at step {max(quiet.values())}"
+            culprits, why = behind, f"the others wait for it at step {highest}"
         else:
             culprits, why = [], ""
         seconds = now - since
         started = max(self._walls.values(), default=time.time() - seconds)
-        self._stall = stall = OpenStall(step=lowest, started=started,
+        # The run stands at the newest step: a rank reported behind it may have made the steps
+        # unreported (its flusher starved by C code holding its GIL), as DDP's lockstep says.
+        self._stall = stall = OpenStall(step=highest, started=started,
                                         steps={rank: step for rank, (step, _) in self._progress.items()})
         if self.stacks is None:
             self._name_stall(stall, culprits, why, seconds, [])
@@ -162,7 +166,7 @@ class RankCollector:
         self._name_stall(stall, culprits, why, seconds, taken)
 
     def _name_stall(self, stall: OpenStall, culprits: list[int], why: str, seconds: float, taken: list[dict]) -> None:
-        lowest = stall.step
+        step = stall.step
         ranks = stacks.read(taken)
         where = stacks.summary(ranks, seconds, so_far=True) if len(ranks) else ""
         if not culprits and ranks:
@@ -171,19 +175,22 @@ class RankCollector:
                 why = "the others wait for it (by the stacks)"
         if culprits:
             who = f"rank{'s' if len(culprits) > 1 else ''} {', '.join(map(str, culprits))}"
-            text = f"{who} stalled: no step for {seconds:.0f} s (at step {lowest}); {why}"
+            last = min(stall.steps.get(r, step) for r in culprits)
+            heard = f"for {seconds:.0f} s (at step {step})" if last >= step else \
+                f"reported for {seconds:.0f} s (the last at step {last})"
+            text = f"{who} stalled: no step {heard}; {why}"
         else:
-            text = f"no rank made a step for {seconds:.0f} s (all at step {lowest})"
+            text = f"no rank made a step for {seconds:.0f} s (all at step {step})"
         if where:
             text += f": {where}"
         with self._lock:
             current = self._stall is stall  # not already over while the stacks were taken
             if current:
                 self.stalled = text
-            self._event(events.Stall(step=lowest, ranks=tuple(culprits), seconds=seconds, started=stall.started,
+            self._event(events.Stall(step=step, ranks=tuple(culprits), seconds=seconds, started=stall.started,
                                      why=why, where=where, stacks=tuple(ranks)), text)
             if where:
-                self._finding(lowest, where, seconds, over=False)
+                self._finding(step, where, seconds, over=False)
             stall.ranks, stall.named = ranks, True
             ended = stall.ended
         if current:
@@ -233,7 +240,8 @@ class OpenStall:
     started: float
     """The wall time of the newest step before it."""
     steps: dict[int, int]
-    """Each rank's newest step when it was named: a step past it ends the stall."""
+    """Each rank's newest reported step when it was named; ``step``, the newest of them, is
+    where the run stands: a step past it ends the stall."""
     resumed: float | None = None
     """The wall time of the first step after it."""
     ranks: list = field(default_factory=list)

@@ -36,12 +36,13 @@ def cmd_doctor(argv: list[str]) -> int:
     try:
         run = runs.resolve(args.run)
         with StoreReader(run.path / STORE_NAME) as reader:
-            events = reader.events()
+            events, newest = reader.events(), reader.last_step()
     except (LookupError, StoreError, OSError, ValueError, sqlite3.Error) as exc:  # ValueError: a damaged run.json
         message = str(exc).strip().splitlines()
         print(f"ptdash: error: {message[0] if message else type(exc).__name__}", file=sys.stderr)
         return 1
-    steps = run.info.step
+    # run.json's step is the one of its newest change of state; a live run's store is newer.
+    steps = max((s for s in (run.info.step, newest) if s is not None), default=None)
     until = {"ended_at": run.info.ended, "live": run.live}  # how long a stall the engine did not end lasted
     if args.json:
         found, warnings = fold(events, **until)

@@ -269,7 +269,7 @@ def summary(ranks: list[RankStacks], seconds: float | None = None, so_far: bool 
         first = ranks[[r.rank for r in ranks].index(numbers[0])]
         kind, words = doing(first, alone)
         if kind in ("stopped", "silent"):
-            step = f" (last known step {first.step})" if first.step is not None else ""
+            step = f" (last reported step {first.step})" if first.step is not None else ""
             parts.append(f"{_ranks(numbers)}: {words}{step}")
         elif kind in WAITING and not alone:  # a single process waits for no other
             said = f" ({words})" if kind in ("collective", "ptdash") and spot else ""
@@ -368,7 +368,7 @@ def render(ranks: list[RankStacks], width: int = 100, all_threads: bool = True) 
             lines.append(" │ ".join(cells).rstrip())
     for r in ranks:
         if not r.answered:
-            step = f", last known step {r.step}" if r.step is not None else ""
+            step = f", last reported step {r.step}" if r.step is not None else ""
             lines.append(f"rank {r.rank} (pid {r.pid}{step}): {r.note or 'no answer'}"
                          + (f"; process {r.state}" if r.state else "") + (f", in the kernel at {r.wchan}"
                                                                           if r.wchan else ""))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 
@@ -185,5 +186,27 @@ def test_a_rank_that_cannot_answer_is_named_with_its_last_step_and_proc_state(tm
         zero, one = read(answer["ranks"])
         assert zero.answered and not one.answered and one.pid == rank1
         assert one.state.startswith("T") and "stopped" in one.note and one.step >= 5, one
+    finally:
+        run.close()
+
+
+def test_a_rank_holding_its_gil_is_named_at_the_step_the_run_stands_by_its_last_report(tmp_path):
+    # Rank 1 runs a backtracking regex (C, the GIL held) in step 10: its engine cannot flush
+    # or answer, so the hub last heard of it some steps before; rank 0 waits in step 10's
+    # backward, having made step 9. The stall is at step 9, not at rank 1's last report, and
+    # rank 1's step is said as its last report.
+    run = _start(tmp_path, "gil", "--nproc-per-node", "2", at=10)
+    try:
+        stall = wait_for(lambda: _stall(run), 180, what="the stall stored")
+        assert stall.step == 9 == run.last_step(0) and stall.ranks == (1,), stall
+        (silent,) = [r for r in stall.stacks if not r.answered]
+        assert silent.rank == 1 and silent.state.startswith("R") and silent.step <= 9, silent
+        said = run.info().stalled
+        assert re.match(r"rank 1 stalled: no step (for \d+ s \(at step 9\)|reported for \d+ s \(the last at step "
+                        rf"{silent.step}\)); the others wait for it at step 9", said), said
+        assert f"rank 1: its interpreter did not answer; process R (running) (last reported step {silent.step})" \
+            in stall.where and "rank 0 waited in `loss.backward()` (train.py:" in stall.where, stall.where
+        doctor = ptdash("doctor", str(run.run_dir), cwd=tmp_path, timeout=60)
+        assert doctor.stdout.startswith("ptdash doctor: run (stalled at step 9)"), doctor.stdout
     finally:
         run.close()

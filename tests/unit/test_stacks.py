@@ -90,9 +90,9 @@ def test_a_rank_that_did_not_answer_is_named_with_its_state():
     ranks = [_rank(0, *BACKWARD), RankStacks(rank=1, pid=7, step=57, answered=False, state="T (stopped)",
                                              wchan="do_signal_stop", note="no answer: its process is stopped")]
     assert doing(ranks[1])[0] == "stopped" and culprits(ranks) == [1]  # rank 0 waits for it
-    assert "rank 1: its process is stopped (SIGSTOP or a debugger) (last known step 57)" in summary(ranks)
+    assert "rank 1: its process is stopped (SIGSTOP or a debugger) (last reported step 57)" in summary(ranks)
     lines = render(ranks)
-    assert any("rank 1 (pid 7, last known step 57): no answer" in line and "do_signal_stop" in line for line in lines)
+    assert any("rank 1 (pid 7, last reported step 57): no answer" in line and "do_signal_stop" in line for line in lines)
     assert "rank 0, step 29: in backward (DDP's gradient all-reduce waits there); training thread:" in lines
     assert not any("common to" in line for line in lines)  # one rank answered: nothing is common to several
 

@@ -10,6 +10,7 @@ import time
 from ptdash.ranks import RankCollector
 from ptdash.shared import events
 from ptdash.shared.stacks import Frame, RankStacks, Thread
+from ptdash.shared.store import StoreWriter
 
 SITE = "/venv/lib/python3.11/site-packages/"
 
@@ -137,3 +138,29 @@ def test_without_stacks_the_stall_is_named_as_before():
     collector.collect([])
     ((stall, text),) = journaled
     assert text == "no rank made a step for 0 s (all at step 5)" and stall.stacks == () and stall.where == ""
+
+
+def test_a_rank_whose_reports_stopped_behind_is_named_by_its_last_report_at_the_step_the_run_stands(tmp_path):
+    # Rank 1's flusher got no GIL from step 2 on (C code held it) while DDP's lockstep took
+    # both ranks to step 9: the stall is at step 9, rank 1's step 1 is its last report, not
+    # where it is; its late report of steps 2-9 does not end the stall, its step 10 does.
+    journaled, state = [], ["running"]
+    silent = RankStacks(rank=1, pid=7, step=1, answered=False, state="R (running)", note="no answer").to_data()
+    collector = _collector(journaled, state, lambda: [_rank(0, *WAIT), silent])
+    collector._store = StoreWriter(tmp_path / "metrics.db")  # where rank 1's rows go
+    collector.receive(1, {"rows": [[1, 0.5, {"loss": 1.0}]]})
+    _stalled_at(collector, journaled, 9, 1.0)
+    stall, text = journaled[0]
+    assert stall.step == 9 and stall.ranks == (1,), stall
+    assert text.startswith("rank 1 stalled: no step reported for 0 s (the last at step 1); the others wait for it "
+                           "at step 9: rank 1: its interpreter did not answer; process R (running) "
+                           "(last reported step 1); rank 0 waited in `loss.backward()`"), text
+    collector.receive(1, {"rows": [[s, 0.5 + s / 100, {"loss": 1.0}] for s in range(2, 10)]})
+    collector.collect([])
+    assert collector.stalled == text and len(journaled) == 2  # not over: steps from before it
+    collector.receive(1, {"rows": [[10, 5.0, {"loss": 1.0}]]})
+    collector.collect([])
+    collector.collect([])
+    end = journaled[2][0]
+    assert isinstance(end, events.Stall) and end.ended and end.step == 9 and end.seconds == 4.0, end
+    assert collector.stalled is None
