@@ -191,7 +191,7 @@ class Flusher:
         if self._printed is not None or self._stepped is not None:
             # After the judging (a printed value is the script's, not a step's record), before
             # the journal's drain: a first value's event goes with the value or before it.
-            found = list(self._printed.drain()) if self._printed is not None else []
+            found = self._printed.drain(rows, self._earlier) if self._printed is not None else []
             found += self._stepped() if self._stepped is not None else []
             rows, self._earlier = merge(rows, found, self._earlier), rows or self._earlier
         events = self._journal.drain()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import decimal
 import logging
 import re
 import threading
@@ -71,6 +72,8 @@ class PrintedMetrics:
         self._full = False
         self._lock = threading.Lock()
         self._pending: dict[int, dict[str, float | None]] = {}
+        self._twins: dict[str, bool] = {}
+        """A series' verdict: whether it is ptdash's own loss, printed (``drain``)."""
         self.found = 0
         """Values found so far."""
 
@@ -243,11 +246,41 @@ class PrintedMetrics:
 
     # ------------------------------------------------------------- the flusher's thread
 
-    def drain(self) -> list[tuple[int, dict[str, float | None]]]:
-        """What was found since the previous drain: ``(step, {series: value})``, by step."""
+    def drain(self, rows: list = (), earlier: list = ()) -> list[tuple[int, dict[str, float | None]]]:
+        """What was found since the previous drain: ``(step, {series: value})``, by step,
+        less the training loss ptdash records itself (``rows``, ``earlier``: this flush's
+        and the previous one's rows, whose ``loss`` it is compared with; ``twin``)."""
         with self._lock:
             pending, self._pending = self._pending, {}
-        return sorted(pending.items())
+        found = sorted(pending.items())
+        if any(self._twins.get(series) is not False for _, values in found for series in values):
+            losses = {row[0]: row[2].get(names.LOSS) for part in (earlier, rows) for row in part}
+            found = [(step, self._twin(step, values, losses)) for step, values in found]
+        return [(step, values) for step, values in found if values]
+
+    def _twin(self, step: int, values: dict, losses: dict) -> dict:
+        """``values`` less a training loss the script printed that is ptdash's own ``loss``
+        (a line like ``step 10 | loss 2.2921``, or a last ``final train loss``): the same
+        value, to the digits printed, at the same step. Judged once for each name, at its
+        first value with a recorded loss beside it; one that differs (a mean over the last
+        steps, another loss) is kept as its own, and so is a value before the judging."""
+        out = {}
+        for series, value in values.items():
+            same = self._twins.get(series)
+            if same is None and twin_candidate(names.parse_printed(series) or ""):
+                loss = losses.get(step)
+                if loss is not None and value is not None:
+                    same = self._twins[series] = _same_printed(value, loss)
+                    if same:
+                        name = names.parse_printed(series)
+                        self._event(events.PrintedMetric(name=name, left_out="ptdash's loss"),
+                                    f"printed metric {name} is the loss ptdash records ({names.LOSS}: {_show(loss)} "
+                                    f"at step {step}): not kept twice", step=step)
+            elif same is None:
+                self._twins[series] = False
+            if not same:
+                out[series] = value
+        return out
 
 
 def merge(rows: list, found: Iterable[tuple[int, dict]], earlier: list) -> list:
@@ -271,6 +304,21 @@ def merge(rows: list, found: Iterable[tuple[int, dict]], earlier: list) -> list:
     if not extra:
         return rows
     return sorted(rows + extra, key=_step)
+
+
+def twin_candidate(name: str) -> bool:
+    """Whether a printed name may be the training loss ptdash records: a loss of no held-out
+    split (``loss``, ``train_loss``, ``final_train_loss``; not ``val_loss``)."""
+    words = [w for w in re.split(r"[_ ./-]+", name) if w]
+    return names.LOSS in words and not any(w in names.HELD_OUT for w in words)
+
+
+def _same_printed(printed: float, value: float) -> bool:
+    """Whether ``printed`` is ``value`` as printed: within half a unit of its last digit."""
+    exponent = 0 if printed.is_integer() else decimal.Decimal(repr(printed)).as_tuple().exponent
+    if not isinstance(exponent, int):  # never for a finite value
+        return False
+    return abs(printed - value) <= 0.5 * 10.0 ** exponent * (1 + 1e-9) + 1e-12
 
 
 def _step(row: list) -> int:

@@ -99,17 +99,24 @@ def test_the_demos_val_loss_is_charted(tmp_path):
     assert [int(step) for step, _ in printed] == [15, 30]
     with StoreReader(tmp_path / "run" / "metrics.db") as store:
         steps, values = store.series(names.printed("val_loss"))
+        kept = sorted(n for n in store.names() if names.parse_printed(n))
+        said = [e.message for e in store.events(kind="printed")]
     # At the step it was printed at (the relay may read it later: marks say when it was written).
     assert values == [float(v) for _, v in printed] and steps == [15, 30], steps
+    # Its "step 10 | loss 2.93" lines and "done | final train loss" are the loss ptdash
+    # records itself, to the digits printed: not a second series (or a one-point one), and said.
+    assert kept == [names.printed("val_loss")], kept
+    assert sum("printed metric loss is the loss ptdash records" in m for m in said) == 1, said
+    assert sum("printed metric final_train_loss is the loss ptdash records" in m for m in said) == 1, said
     assert f"| val_loss {float(printed[-1][1]):.5g} @{steps[1]} |" in result.stdout  # the headless progress line
-    # On screen: the printed panel draws it (over the training loss the demo prints).
+    # On screen: the printed panel draws it over the training loss ptdash records.
     app = make_app(ReplaySource(tmp_path / "run"))
 
     async def scenario():
         async with app.run_test(size=(120, 40)) as pilot:
             await until(pilot, lambda: app.drawn and "─ printed " in screen_text(app), what="the printed panel")
             legend = next(line for line in screen_text(app).splitlines() if "─ printed " in line)
-            assert f"val_loss {fmt_num(float(printed[-1][1]), 4)}" in legend and "  loss " in legend, legend
+            assert f"val_loss {fmt_num(float(printed[-1][1]), 4)}" in legend and "train loss " in legend, legend
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
 

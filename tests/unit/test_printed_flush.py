@@ -94,3 +94,35 @@ def test_a_row_of_a_step_seen_already_is_not_a_step_made():
     assert stalls and "no rank made a step" in stalls[0]
     collector.collect([[6, 2.0, {"loss": 0.9}]])
     assert stalls[-1].endswith(": every rank makes steps again")
+
+
+def test_a_printed_training_loss_that_is_ptdashs_own_is_not_kept_twice_and_one_that_differs_is():
+    parts, journal = Parts(), Journal()
+    step = [0]
+    printed = PrintedMetrics(lambda: step[0], journal.event, set())
+    flusher = Flusher(parts, journal, parts, parts, None, None, parts.published.append, store=parts,
+                      printed=printed)
+    # The demo's lines: its loss to 4 digits, a running mean of its own, a validation loss.
+    parts.rows = [[s, float(s), {"loss": 2.0 + s / 1e5}] for s in range(1, 11)]
+    step[0] = 10
+    printed.feed(b"step 10 | loss 2.0001 | avg_loss 2.5 | lr 1.0e-03\neval step 10 | val loss 2.3\n")
+    flusher.flush()
+    assert parts.writes[-1][-1] == [10, 10.0, {"loss": 2.0001, names.printed("avg_loss"): 2.5,
+                                               names.printed("val_loss"): 2.3}]
+    assert "printed metric loss is the loss ptdash records (loss: 2.0001 at step 10): not kept twice" \
+        in parts.events[-1]
+    # A judged name stays judged; the last line's summary is judged by its own step's loss.
+    parts.rows = [[11, 11.0, {"loss": 1.5}]]
+    step[0] = 11
+    printed.feed(b"step 11 | loss 1.5 | avg_loss 1.6\n")
+    flusher.flush()
+    assert parts.writes[-1] == [[11, 11.0, {"loss": 1.5, names.printed("avg_loss"): 1.6}]]
+    step[0] = 12
+    parts.rows = [[12, 12.0, {"loss": 0.25}]]
+    flusher.flush()
+    printed.feed(b"done | final train loss 0.2500\n")  # read after its step's row went: the rows before judge
+    flusher.flush()
+    assert [r for w in parts.writes[-2:] for r in w] == [[12, 12.0, {"loss": 0.25}]]
+    assert parts.events[-1] == ["found printed metric final_train_loss = 0.25 at step 12: done | final train loss "
+                                "0.2500", "printed metric final_train_loss is the loss ptdash records (loss: 0.25 at "
+                                "step 12): not kept twice"]
