@@ -95,10 +95,12 @@ def what(entry: Entry, with_state: bool = True) -> str:
 
 
 def entry_line(entry: Entry) -> str:
-    """One entry on one line: ``group 0 #42  gloo:all_reduce  [25]  Float  scheduled``."""
+    """One entry on one line: ``group 0 #42  gloo:all_reduce  [25]  Float  scheduled`` (a barrier
+    has no tensors to show)."""
     number = f"p2p #{entry.p2p_seq}" if entry.p2p else f"#{entry.seq}"
-    shapes = " ".join("[" + ", ".join(map(str, s)) + "]" for s in entry.sizes) or "-"
-    return f"group {entry.group} {number}  {entry.op}  {shapes}  {' '.join(entry.dtypes) or '-'}  {status(entry)}"
+    shapes = " ".join("[" + ", ".join(map(str, s)) + "]" for s in entry.sizes)
+    parts = [f"group {entry.group} {number}", entry.op, shapes, " ".join(entry.dtypes), status(entry)]
+    return "  ".join(p for p in parts if p)
 
 
 def group_name(group: str, desc: str) -> str:
@@ -175,19 +177,28 @@ def mismatch(ranks: list) -> str:
     return "; ".join(out)
 
 
-def render(ranks: list, last: int = 4) -> list[str]:
-    """The ``ptdash stacks`` lines of each rank's ``last`` newest collectives per group, newest last
-    (the ranks' notes when no rank's recorder had any, but for a process with no group)."""
-    lines = []
+def _newest_lines(flight: Flight, last: int) -> tuple[str, ...]:
+    groups = dict.fromkeys(e.group for e in flight.entries)
+    shown = [e for g in groups for e in [x for x in flight.entries if x.group == g][-last:]]
+    return tuple(entry_line(e) for e in sorted(shown, key=lambda e: e.created_ns))
+
+
+def render(ranks: list, width: int = 100, last: int = 4) -> list[str]:
+    """The ``ptdash stacks`` lines of each rank's ``last`` newest collectives per group, newest last:
+    ranks with the same entries together, side by side when they fit in ``width`` (the ranks' notes
+    when no rank's recorder had any, but for a process with no group)."""
+    kept: dict[tuple[str, ...], list[int]] = {}
     for r in ranks:
-        entries = r.flight.entries
-        if not r.answered or not entries:
-            continue
-        shown = [e for g in dict.fromkeys(e.group for e in entries)
-                 for e in [x for x in entries if x.group == g][-last:]]
-        lines.append(f"rank {r.rank}: flight recorder, newest collectives")
-        lines += [f"  {entry_line(e)}" for e in sorted(shown, key=lambda e: e.created_ns)]
-    if not lines:
+        if r.answered and r.flight.entries:
+            kept.setdefault(_newest_lines(r.flight, last), []).append(r.rank)
+    if not kept:
         notes = sorted({n for r in ranks if r.answered and (n := r.flight.note) and n != NO_GROUP})
-        lines = [f"({'; '.join(notes)})"] if notes else []
-    return lines
+        return [f"({'; '.join(notes)})"] if notes else []
+    blocks = [[f"{_ranks(numbers)}:"] + [f"  {line}" for line in lines] for lines, numbers in kept.items()]
+    col = max(len(line) for b in blocks for line in b)
+    out = ["flight recorder, newest collectives:"]
+    if len(blocks) > 1 and len(blocks) * (col + 3) - 3 <= width:
+        for row in range(max(len(b) for b in blocks)):
+            out.append(" │ ".join((b[row] if row < len(b) else "").ljust(col) for b in blocks).rstrip())
+        return out
+    return out + [line for b in blocks for line in b]

@@ -374,7 +374,7 @@ def render(ranks: list[RankStacks], width: int = 100, all_threads: bool = True) 
                                                                           if r.wchan else ""))
     for note in sorted({r.note for r in ranks if r.answered and r.note}):
         lines.append(f"({note})")
-    recorded = flight.render(ranks)
+    recorded = flight.render(ranks, width)
     lines += [""] + recorded if recorded else []
     if all_threads:
         for r in ranks:

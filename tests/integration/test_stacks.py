@@ -122,7 +122,7 @@ def test_two_gloo_ranks_one_stuck_named_on_demand_and_in_the_stall(tmp_path, han
             (one,) = [r for r in read(answer["ranks"]) if r.rank == 1]
             seq = one.flight.entries[-1].seq
             assert behind.format(seq, seq + 1) in answer["summary"] and behind.format(seq, seq + 1) in stall.where
-            assert f"#{seq + 1}  gloo:all_reduce  [161]  Float  scheduled" in text.stdout, text.stdout
+            assert f"group 0 #{seq + 1}  gloo:all_reduce  [161]  Float  scheduled" in text.stdout, text.stdout
             asyncio.run(_k_in_the_dashboard(run))
     finally:
         run.close()

@@ -1,5 +1,5 @@
 """Record the runs the snapshot tests replay as ones the real engine wrote: ``python tests/tui/record_engine_run.py``
-(and ``hang``, ``one-hang``: see record_hang and record_one_hang).
+(and ``hang``, ``one-hang``, ``skip``: see record_hang, record_one_hang and record_skip).
 
 Runs ``tests/scripts/ddp_bugs.py`` as ``train.py`` through ``ptdash --headless
 --nproc-per-node 2`` (two gloo ranks), stops rank 1's process (SIGSTOP) after step 20 until
@@ -125,6 +125,29 @@ def record_one_hang() -> None:
     _keep(run_dir, ONE_HANG_OUT)
 
 
+SKIP_OUT = HERE / "runs" / "ddp-skip"
+
+
+def record_skip() -> None:
+    """``python tests/tui/record_engine_run.py skip``: tests/scripts/ddp_skip.py on two gloo ranks,
+    rank 1 skipping step 12's backward, so that at the end it waits in the final barrier while rank 0
+    waits in its last backward; the stall keeps both ranks' stacks and flight recorders (the Ranks
+    tab's snapshot shows the collective they disagree on); gloo's 20 s timeout then ends the job."""
+    shutil.rmtree(RECORD_DIR, ignore_errors=True)
+    RECORD_DIR.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "scripts" / "ddp_skip.py", RECORD_DIR / "train.py")
+    run_dir = RECORD_DIR / "run"
+    env = {**ENV, "TZ": "UTC"}
+    done = subprocess.run(
+        [sys.executable, "-m", "ptdash.tui.cli", "--headless", "--nproc-per-node", "2", "--stall-timeout", "3",
+         "--run-dir", str(run_dir), "train.py", "--steps", "20", "--at", "12", "--timeout", "20"],
+        cwd=RECORD_DIR, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        timeout=600)
+    assert done.returncode != 0
+    assert any(s.stacks and all(r.flight.entries for r in s.stacks) for s in _stalls(run_dir)), "the stall's flight"
+    _keep(run_dir, SKIP_OUT)
+
+
 def _keep(run_dir: Path, out: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -140,4 +163,4 @@ def _keep(run_dir: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    {"hang": record_hang, "one-hang": record_one_hang}.get(sys.argv[1] if sys.argv[1:] else "", record)()
+    {"hang": record_hang, "one-hang": record_one_hang, "skip": record_skip}.get(sys.argv[1] if sys.argv[1:] else "", record)()

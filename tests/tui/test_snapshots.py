@@ -172,6 +172,25 @@ def test_the_stacks_screen_of_two_ranks(snap_compare, hang_run):
 
 
 @pytest.fixture(scope="module")
+def skip_run(tmp_path_factory):
+    """Two ranks the real engine ran (record_engine_run.py skip): rank 1 skipped step 12's backward
+    and at the end waited in the final barrier while rank 0 waited in its last backward; the stall
+    kept both ranks' stacks and flight recorders; gloo's timeout then ended the job."""
+    run_dir = tmp_path_factory.mktemp("skip") / "run"
+    shutil.copytree(Path(__file__).parent / "runs" / "ddp-skip", run_dir)
+    return run_dir
+
+
+@pytest.mark.parametrize("key", ["5", "k"], ids=["ranks", "stacks"])
+def test_the_flight_recorder_names_the_collective_the_ranks_disagree_on(snap_compare, skip_run, key):
+    """The sentence ends with "by the flight recorder, collective N of group 0 (default_pg) is not the
+    same on every rank: rank 0 gloo:all_reduce, 178 elements, ...; rank 1 gloo:barrier, ..."; each
+    rank's newest collectives follow the side by side, one line each."""
+    app, loaded = replay(skip_run)
+    assert snap_compare(app, press=[key], terminal_size=WIDE, run_before=loaded)
+
+
+@pytest.fixture(scope="module")
 def one_hang_run(tmp_path_factory):
     """One process the real engine ran (record_engine_run.py one-hang): its training thread waited
     8 s at step 10 for a lock its ``prefetch`` thread kept; the stall kept both threads' stacks."""

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 from ptdash.flight import enable, parse
-from ptdash.shared.flight import Entry, Flight, Group, entry_line, mismatch
-from ptdash.shared.stacks import RankStacks, read, render, summary
+from ptdash.shared.flight import Entry, Flight, Group, entry_line, mismatch, render
+from ptdash.shared.stacks import RankStacks, read, summary
 
 ONE_RANK = """
 import json, os, tempfile, threading
@@ -72,7 +72,7 @@ def test_no_process_group_no_entries_and_old_stacks_read_without_a_recorder():
 
 
 def _op(seq: int, op: str = "gloo:all_reduce", size: int = 30, retired: bool = True) -> Entry:
-    return Entry(group="0", desc="default_pg", seq=seq, op=op, sizes=((size,),) if size else (), dtypes=("Float",),
+    return Entry(group="0", desc="default_pg", seq=seq, op=op, sizes=((size,),) if size else (), dtypes=("Float",) * bool(size),
                  state="scheduled", retired=retired, created_ns=seq)
 
 
@@ -125,13 +125,19 @@ def test_parse_keeps_the_newest_of_each_group_and_maps_the_counters_to_group_nam
 
 def test_ptdash_stacks_text_has_each_rank_s_newest_collectives_one_line_each():
     reduce = Flight(entries=tuple(_op(s) for s in range(1, 9)) + (_op(9, retired=False),))
-    ranks = _ranks(reduce, Flight(entries=(_op(8),)))
-    lines = render(ranks)
-    at = lines.index("rank 0: flight recorder, newest collectives")
-    assert lines[at + 1:at + 5] == [f"  group 0 #{s}  gloo:all_reduce  [30]  Float  completed" for s in (6, 7, 8)] + [
-        "  group 0 #9  gloo:all_reduce  [30]  Float  scheduled"]
-    assert lines[at + 5:at + 7] == ["rank 1: flight recorder, newest collectives",
-                                    "  group 0 #8  gloo:all_reduce  [30]  Float  completed"]
+    barrier = Flight(entries=(_op(8), _op(9, "gloo:barrier", 0, retired=False)))
+    ranks = _ranks(reduce, barrier, reduce)
+    lines = render(ranks, width=120)
+    at = lines.index("flight recorder, newest collectives:")
+    rows = [[cell.strip() for cell in line.split("│")] for line in lines[at + 1:at + 6]]
+    assert rows == [["ranks 0, 2:", "rank 1:"],
+                    ["group 0 #6  gloo:all_reduce  [30]  Float  completed",
+                     "group 0 #8  gloo:all_reduce  [30]  Float  completed"],
+                    ["group 0 #7  gloo:all_reduce  [30]  Float  completed", "group 0 #9  gloo:barrier  scheduled"],
+                    ["group 0 #8  gloo:all_reduce  [30]  Float  completed", ""],
+                    ["group 0 #9  gloo:all_reduce  [30]  Float  scheduled", ""]]
+    narrow = render(ranks, width=60)  # one under the other
+    assert narrow[narrow.index("rank 1:") + 2] == "  group 0 #9  gloo:barrier  scheduled"
     off = _ranks(Flight(note="the flight recorder is off (TORCH_FR_BUFFER_SIZE=0)"), Flight(note="no process group"))
     assert "(the flight recorder is off (TORCH_FR_BUFFER_SIZE=0))" in render(off)
     assert not any("flight recorder" in line for line in render(_ranks(Flight(note="no process group"))))
