@@ -142,8 +142,8 @@ class Engine:
         self.printed = (PrintedMetrics(lambda: self.hooks.step, self.journal.event, self.user_values.names)
                         if config.parse_output else None)
         """The metrics the script prints; the output relay feeds it (bootstrap.py), the flusher drains it."""
-        self.gatherer = StackGatherer(self.hub, self.stacks.take, self._publish, self.ranks,
-                                      self.controls) if self.primary else None
+        self.gatherer = StackGatherer(self.hub, self.stacks.take, self._publish, self.ranks, self.controls,
+                                      lambda: self.nodeport) if self.primary else None
         self.flusher = Flusher(self.recorder, self.journal, self.doctor, self.anomalies, self.naming,
                                system.SystemSampler(), self._publish, store=self.store, printed=self.printed,
                                stepped=self.user_values.drain_at, push=None if self.primary else self.dist.push,

@@ -11,16 +11,19 @@ journaled (throttled). Then:
   (hub.py), with its host and node for the Ranks tab and for naming a lost node;
 - a node's *launcher* (ptdash's own, on that node) sends its ranks' output, appended to
   the run's output.log, and says goodbye with its exit status. Its link closing without
-  one names the node lost. The hub can send it ``kill`` (``ptdash ctl kill``).
+  one names the node lost. The hub can send it ``kill`` (``ptdash ctl kill``), and ask it for
+  its ranks' /proc state (a rank that does not answer for its stacks: stopped, in the kernel...).
 
 TCP keepalive (authlink) ends a connection to a node whose network was cut.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +37,9 @@ HELLO_TIMEOUT = 10.0
 """Seconds an authenticated peer has to say who it is."""
 
 MAX_HOST = 255
+
+PROC_SECONDS = 2.0
+"""How long the hub waits for the other nodes' launchers to say their ranks' /proc state."""
 
 HUB_ONLY = frozenset({"pause_timeout", "stall_seconds", "steps"})
 """Options only the hub acts on (a terminal on node 0 and none on node 1 set the pause
@@ -57,6 +63,10 @@ class NodePort:
         self._out_fd: int | None = None
         self._nodes: dict[int, link.Conn] = {}
         self._lock = threading.Lock()
+        self._states: dict[int, dict[int, dict]] = {}
+        """The launchers' answers to each ``proc_states`` request, by node."""
+        self._states_cond = threading.Condition()
+        self._ids = itertools.count(1)
         self._throttle = Throttle(burst=3, window=60.0)
         self.host, self.port = host, port
         self.listener: authlink.Listener | None = None
@@ -135,6 +145,8 @@ class NodePort:
             while (frame := conn.recv()) is not None:
                 if isinstance(frame.get("output"), str):
                     self._append(frame["output"])
+                elif "proc" in frame:
+                    self._states_came(node, frame)
                 elif "bye" in frame:
                     said_bye = True
         except (OSError, ValueError) as exc:
@@ -156,6 +168,37 @@ class NodePort:
                 os.write(self._out_fd, data)
             except OSError as exc:  # a full disk: that node's output is lost, never the training
                 log.warning("cannot write another node's output to %s: %s", self._output, exc)
+
+    def proc_states(self, pids: dict[int, list[int]], timeout: float = PROC_SECONDS) -> dict[tuple[int, int], tuple]:
+        """``{(node, pid): (state, wchan)}`` of ranks on the other nodes, as each node's launcher
+        reads them from its /proc (``pids``: by node); a node that does not answer in ``timeout``
+        says nothing."""
+        req = next(self._ids)
+        with self._lock:
+            conns = {node: self._nodes[node] for node in pids if node in self._nodes}
+        with self._states_cond:
+            self._states[req] = {}
+        asked = set()
+        for node, conn in conns.items():
+            try:
+                conn.send({"proc": req, "pids": pids[node]})
+                asked.add(node)
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        with self._states_cond:
+            while not asked <= set(self._states[req]) and (left := deadline - time.monotonic()) > 0:
+                self._states_cond.wait(left)
+            answers = self._states.pop(req)
+        return {(node, int(pid)): tuple(state) for node, states in answers.items() for pid, state in states.items()
+                if str(pid).isdigit() and isinstance(state, list) and len(state) == 2}
+
+    def _states_came(self, node: int, frame: dict) -> None:
+        states = frame.get("states")
+        with self._states_cond:
+            if frame.get("proc") in self._states and isinstance(states, dict):
+                self._states[frame["proc"]][node] = states
+                self._states_cond.notify_all()
 
     def kill_nodes(self) -> None:
         """``ptdash ctl kill``: every node's launcher kills its ranks at once."""

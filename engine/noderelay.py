@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from . import link
+from .shared import stacks
 
 log = logging.getLogger("ptdash.noderelay")
 
@@ -129,11 +130,14 @@ class NodeRelay:
                 return
 
     def _orders(self, conn: link.Conn) -> None:
-        """What the hub tells this launcher: first where the run is, then perhaps ``kill``."""
+        """What the hub tells this launcher: perhaps ``kill``, or to say its ranks' /proc state
+        (``proc``: the hub asks for ranks that did not answer for their stacks)."""
         try:
             while (frame := conn.recv()) is not None:
                 if frame.get("kill"):
                     os.kill(os.getpid(), signal.SIGKILL)
+                elif isinstance(frame.get("proc"), int):
+                    conn.send({"proc": frame["proc"], "states": proc_states(frame.get("pids"), os.getpid())})
         except (OSError, ValueError):
             pass
 
@@ -161,3 +165,37 @@ def welcome_line(answer: dict, node: int, ranks: str) -> str:
     return (f"node {node} ({socket.gethostname()}): {ranks} {verb} to the run on {answer.get('host', '?')}: {where} "
             f"(watch it there: ptdash attach {where}); the output goes to its output.log")
 
+
+
+MAX_PIDS = 4096
+"""Processes one ``proc`` order may ask about."""
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def descends(pid: int, ancestor: int, depth: int = 32) -> bool:
+    """Whether process ``pid`` is ``ancestor``'s child, grandchild... (by /proc)."""
+    for _ in range(depth):
+        parent = _parent(pid)
+        if parent is None or parent <= 1:
+            return False
+        if parent == ancestor:
+            return True
+        pid = parent
+    return False
+
+
+def proc_states(pids, launcher: int) -> dict[str, list[str]]:
+    """``{pid: [state, wchan]}`` of the processes among ``pids`` that this launcher started
+    (its ranks; nothing of another process of this machine is said)."""
+    if not isinstance(pids, list):
+        return {}
+    wanted = [p for p in pids[:MAX_PIDS] if isinstance(p, int) and not isinstance(p, bool) and p > 1]
+    return {str(p): list(stacks.process_state(p)) for p in wanted if descends(p, launcher)}

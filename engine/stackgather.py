@@ -3,8 +3,8 @@
 A rank in the hub's process is taken here; each rank in another process is asked over its
 rank link's data connection, and its engine's link thread answers (link.py), never its
 training thread. A rank that does not answer in ``ANSWER_SECONDS`` is named as such, with
-its last known step and its process's state and kernel wait channel from /proc (a rank on
-this machine). The gathering runs on a thread of its own: the dashboards' server and the
+its last reported step and its process's state and kernel wait channel from /proc (a rank on
+this machine; on another node, as that node's ptdash launcher reads it, nodeport.py). The gathering runs on a thread of its own: the dashboards' server and the
 flusher never wait for it.
 """
 
@@ -28,8 +28,11 @@ class StackGatherer:
     knows each rank's last step and takes the stacks at a stall; ``controls`` hands it the
     ``stacks`` commands."""
 
-    def __init__(self, hub, local: Callable[[], dict], publish: Callable, ranks, controls) -> None:
+    def __init__(self, hub, local: Callable[[], dict], publish: Callable, ranks, controls,
+                 nodes: Callable[[], object] = lambda: None) -> None:
         self._hub, self._local, self._publish, self._steps = hub, local, publish, ranks.steps
+        self._nodes = nodes
+        """The hub's port for the other nodes (nodeport.py), once open; None on one node."""
         self._cond = threading.Condition()
         self._answers: dict[int, dict[int, dict]] = {}
         self._ids = itertools.count(1)
@@ -72,13 +75,14 @@ class StackGatherer:
                 self._cond.wait(left)
             answers = self._answers.pop(req)
         steps = self._steps()
+        remote = self._remote_states([i for i in infos if i.rank not in out and i.rank not in answers and i.host])
         for info in infos:
             if info.rank in out:
                 continue
             if info.rank in answers:
                 out[info.rank] = {**answers[info.rank], "rank": info.rank, "host": info.host}
                 continue
-            state, wchan = process_state(info.pid) if not info.host else ("", "")
+            state, wchan = remote.get((info.node, info.pid), ("", "")) if info.host else process_state(info.pid)
             if info.rank not in asked:
                 note = "its rank link is closed" if info.connections <= 0 else "it could not be asked"
             else:
@@ -89,6 +93,21 @@ class StackGatherer:
                                         answered=False, note=note, state=state, wchan=wchan,
                                         wall=time.time()).to_data()
         return fit([out[r] for r in sorted(out)])
+
+    def _remote_states(self, silent: list) -> dict[tuple[int, int], tuple[str, str]]:
+        """The /proc state of ranks on other nodes that did not answer, as their nodes' launchers
+        read it (a job of several ``ptdash --nnodes``; none under the user's own torchrun)."""
+        port = self._nodes()
+        if not silent or port is None:
+            return {}
+        by_node: dict[int, list[int]] = {}
+        for info in silent:
+            by_node.setdefault(info.node, []).append(info.pid)
+        try:
+            return port.proc_states(by_node)
+        except Exception:  # noqa: BLE001 - the ranks are named without it
+            log.exception("could not ask the other nodes for their ranks' state")
+            return {}
 
     def _answered(self, rank: int, frame: dict) -> None:
         """A rank's answer (its link thread at the hub)."""

@@ -300,6 +300,26 @@ def test_a_killed_node_is_named_with_its_ranks_and_the_run_ends_as_torchrun_ends
 
 
 @needs_unshare
+def test_a_stopped_rank_on_another_node_is_named_with_its_state_as_its_node_reads_it(nodes):
+    """Rank 1, on node 1, stopped (SIGSTOP): it cannot answer for its stacks, and the hub cannot
+    read another machine's /proc; node 1's launcher reads it and says so over its link."""
+    run = nodes("--sleep", "0.02")
+    run.stepping(3)
+    (pid,) = [r.pid for r in read(take_stacks(run.run_dir, timeout=60)) if r.rank == 1]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        ranks = read(take_stacks(run.run_dir, timeout=60))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    one = next(r for r in ranks if r.rank == 1)
+    assert (one.answered, one.host, one.pid) == (False, NODE1, pid), one
+    assert one.state == "T (stopped)" and one.note == "no answer: its process is stopped (SIGSTOP or a debugger)", one
+    run.wait_step(run.last_step(1) + 5, rank=1)  # it trains on once continued
+    assert run.send("stop").ok
+    assert run.node1.wait(120) == 0 and run.proc.wait(120) == 0
+
+
+@needs_unshare
 def test_a_node_whose_network_is_cut_is_named_with_its_ranks(nodes):
     """Node 1 in a network of its own, its one way to node 0 a veth pair; the pair goes down
     mid-run. Nothing closes a connection then (no FIN, no RST): the hub's TCP keepalive
