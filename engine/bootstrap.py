@@ -128,7 +128,7 @@ def main() -> int:
 
     early = EarlySignals()  # a SIGTERM while torch imports is a stop, not a death
     from . import flight, unattended
-    from .checkpoint import ResumeError
+    from .checkpoint_format import ResumeError
     from .controls import StopTraining
     from .engine import Engine
     from .output import OutputRelay

@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from .checkpoint import rng_state, set_rng_state
+from .checkpoint_format import rng_state, set_rng_state
 from .discovery import model_names, unwrap
 from .sharded import is_sharded
 

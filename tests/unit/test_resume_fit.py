@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ptdash.checkpoint import CheckpointError, apply, build, misfit
+from ptdash.checkpoint_format import CheckpointError, apply, build, misfit
 
 
 def test_a_fitting_state_has_no_misfit():
