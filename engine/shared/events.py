@@ -155,7 +155,8 @@ class Stall(EventData):
 
     kind: ClassVar[str] = "stall"
     step: int | None = None
-    """The lowest step among the ranks (where the stalled ones stand)."""
+    """The step the run stands at: the newest step the quiet ranks reported (one whose reports
+    stopped behind it, its GIL held, is named in the message with its last one)."""
     ranks: tuple[int, ...] = ()
     seconds: float | None = None
     """How long no rank had made a step: when it was named, or (``ended``) the whole stall."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME
 from support.recorded_run import make_ddp_run, make_run
 from support.runner import ENV, SCRIPTS, Run, ptdash
+
+RECORDED = Path(__file__).parents[1] / "tui" / "runs"
 
 SUBCOMMANDS = ("ls", "attach", "show", "doctor", "ctl", "export", "demo")
 
@@ -158,3 +161,24 @@ def test_attach_without_a_terminal_prints_the_live_state_and_ctl_answers_in_json
         assert run.wait() == 0
     finally:
         run.close()
+
+
+def test_stacks_of_a_run_that_ended_are_the_ones_its_stall_kept_said_as_such(tmp_path):
+    # tests/tui/runs/one-hang: a real run whose training thread waited for a lock at step 9.
+    shutil.copytree(RECORDED / "one-hang", tmp_path / "hung")
+    result = ptdash("stacks", str(tmp_path / "hung"), cwd=tmp_path, timeout=60)
+    assert result.returncode == 1, result.stderr  # none are of now
+    lines = result.stdout.splitlines()
+    assert lines[0] == "hung is finished at step 20: its stacks cannot be asked; these are the ones its stall at " \
+                       "step 9 kept", lines[0]
+    assert lines[1] == "rank 0 was in `wait_for_prefetch` (train.py:68)" and "  prefetch: prefetch  train.py:61" in lines
+    answer = json.loads(ptdash("stacks", str(tmp_path / "hung"), "--json", cwd=tmp_path, timeout=60).stdout)
+    assert answer["live"] is False and answer["state"] == "finished" and answer["kept"]["stall_step"] == 9
+    assert answer["ranks"][0]["threads"][0]["training"] and "wait_for_prefetch" in answer["summary"]
+    # A run that kept no stall: one line, nothing else.
+    make_run(tmp_path / "runs", steps=30, status="finished", exit_code=0, name="calm")
+    (calm,) = (tmp_path / "runs").iterdir()
+    result = ptdash("stacks", str(calm), cwd=tmp_path, timeout=60)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip() == (f"ptdash: error: {calm.parent.name}/{calm.name} is finished at step 30: its stacks "
+                                     "cannot be asked, and no stall kept any"), result.stderr
