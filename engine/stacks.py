@@ -81,7 +81,7 @@ def _lib(path: str, root: str = "") -> str:
 
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) ")
-_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+_FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
 _ESCAPE = re.compile(r"\\(x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
 
 
@@ -106,8 +106,24 @@ def _dump() -> dict[int, list[tuple[str, int, str]]]:
         if m := _THREAD.match(line):
             frames = out.setdefault(int(m.group(1), 16), [])
         elif frames is not None and (m := _FRAME.match(line)) and len(frames) < MAX_FRAMES:
-            frames.append((_unescape(m.group(1)), int(m.group(2)), _unescape(m.group(3))))
+            line_no = int(m.group(2)) if m.group(2).isdigit() else 0
+            frames.append((_unescape(m.group(1)), line_no, _unescape(m.group(3))))
+    # faulthandler dumps at most 100 threads, the newest first: the others (the main thread
+    # among them, in a process of many) are walked here, in Python.
+    for ident, frame in sys._current_frames().items():
+        if ident not in out:
+            out[ident] = _walk(frame)
+        frame = None  # a frame holds its locals alive
     return {ident: frames[::-1] for ident, frames in out.items()}
+
+
+def _walk(frame) -> list[tuple[str, int, str]]:
+    """A thread's frames, innermost first, as the dump lists them."""
+    out = []
+    while frame is not None and len(out) < MAX_FRAMES:
+        out.append((frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name))
+        frame = frame.f_back
+    return out
 
 
 def _frames(walked: list[tuple], root: str = "") -> tuple[Frame, ...]:

@@ -241,6 +241,35 @@ def test_a_file_and_function_of_other_characters_than_ascii_read_as_they_are(tmp
     assert (frame.file, frame.func, frame.line, frame.code) == (str(source), "attendre_ü", 3, "release.wait(30)")
 
 
+def test_in_a_process_of_more_threads_than_faulthandler_dumps_every_thread_is_taken():
+    # faulthandler dumps 100 threads, the newest first: the training thread, often the
+    # oldest, is among the others, taken all the same.
+    started, release = threading.Event(), threading.Event()
+
+    def blocked_in_c():
+        started.set()
+        release.wait(30)
+
+    trainer = threading.Thread(target=blocked_in_c, name="trainer")
+    trainer.start()
+    started.wait(30)
+    pool = [threading.Thread(target=release.wait, args=(30,), name=f"io-{i}") for i in range(110)]
+    for t in pool:
+        t.start()
+    try:
+        taker = StackTaker(lambda: 0, lambda: 3)
+        taker.training = trainer.ident
+        taken = RankStacks.from_data(taker.take())
+    finally:
+        release.set()
+        for t in [trainer, *pool]:
+            t.join(30)
+    assert len(taken.threads) == 111  # the pool and the trainer (this thread takes them)
+    first = taken.threads[0]
+    assert first.training and first.name == "trainer"
+    assert [f.func for f in first.frames if f.own][-1] == "blocked_in_c"
+
+
 def test_a_single_process_in_backward_waits_for_no_other_rank():
     one = [_rank(0, *BACKWARD)]
     assert doing(one[0], alone=True) == ("backward", "in backward")
