@@ -264,7 +264,7 @@ def test_in_a_process_of_more_threads_than_faulthandler_dumps_every_thread_is_ta
         release.set()
         for t in [trainer, *pool]:
             t.join(30)
-    assert len(taken.threads) == 111  # the pool and the trainer (this thread takes them)
+    assert {t.name for t in taken.threads} >= {f"io-{i}" for i in range(110)} | {"trainer"}
     first = taken.threads[0]
     assert first.training and first.name == "trainer"
     assert [f.func for f in first.frames if f.own][-1] == "blocked_in_c"
