@@ -42,6 +42,8 @@ MAX_NAMES = 200
 """Printed names kept as series; more are left out (and said, once)."""
 MAX_TAIL = 1 << 16
 """Bytes of an unfinished line kept; a longer one is not read."""
+JUDGED_DIGITS = 3
+"""Significant digits a printed loss needs to be judged the same as ptdash's (``drain``)."""
 SHAPES = 4096
 """Shapes of lines remembered as holding no metric (forgotten all at once when full)."""
 
@@ -262,15 +264,18 @@ class PrintedMetrics:
         """``values`` less a training loss the script printed that is ptdash's own ``loss``
         (a line like ``step 10 | loss 2.2921``, or a last ``final train loss``): the same
         value, to the digits printed, at the same step. Judged once for each name, at its
-        first value with a recorded loss beside it; one that differs (a mean over the last
-        steps, another loss) is kept as its own, and so is a value before the judging."""
+        first value of JUDGED_DIGITS digits or more with a recorded loss beside it; one that
+        differs (a mean over the last steps, another loss) is kept as its own, and so is a
+        value before the judging."""
         out = {}
         for series, value in values.items():
             same = self._twins.get(series)
             if same is None and twin_candidate(names.parse_printed(series) or ""):
                 loss = losses.get(step)
                 if loss is not None and value is not None:
-                    same = self._twins[series] = _same_printed(value, loss)
+                    same = _same_printed(value, loss)
+                    if same is not None:
+                        self._twins[series] = same
                     if same:
                         name = names.parse_printed(series)
                         self._event(events.PrintedMetric(name=name, left_out="ptdash's loss"),
@@ -313,12 +318,14 @@ def twin_candidate(name: str) -> bool:
     return names.LOSS in words and not any(w in names.HELD_OUT for w in words)
 
 
-def _same_printed(printed: float, value: float) -> bool:
-    """Whether ``printed`` is ``value`` as printed: within half a unit of its last digit."""
-    exponent = 0 if printed.is_integer() else decimal.Decimal(repr(printed)).as_tuple().exponent
-    if not isinstance(exponent, int):  # never for a finite value
-        return False
-    return abs(printed - value) <= 0.5 * 10.0 ** exponent * (1 + 1e-9) + 1e-12
+def _same_printed(printed: float, value: float) -> bool | None:
+    """Whether ``printed`` is ``value`` as printed: within half a unit of its last digit;
+    None where it says too little to tell (fewer than JUDGED_DIGITS significant digits:
+    ``1.0000`` reads as 1.0, and 1/step printed at step 1 is within 0.05 of most losses)."""
+    digits = decimal.Decimal(repr(printed)).as_tuple()
+    if not isinstance(digits.exponent, int) or len(digits.digits) < JUDGED_DIGITS:
+        return None
+    return abs(printed - value) <= 0.5 * 10.0 ** digits.exponent * (1 + 1e-9) + 1e-12
 
 
 def _step(row: list) -> int:

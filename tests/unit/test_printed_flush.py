@@ -118,11 +118,27 @@ def test_a_printed_training_loss_that_is_ptdashs_own_is_not_kept_twice_and_one_t
     flusher.flush()
     assert parts.writes[-1] == [[11, 11.0, {"loss": 1.5, names.printed("avg_loss"): 1.6}]]
     step[0] = 12
-    parts.rows = [[12, 12.0, {"loss": 0.25}]]
+    parts.rows = [[12, 12.0, {"loss": 0.2513}]]
     flusher.flush()
-    printed.feed(b"done | final train loss 0.2500\n")  # read after its step's row went: the rows before judge
+    printed.feed(b"done | final train loss 0.2513\n")  # read after its step's row went: the rows before judge
     flusher.flush()
-    assert [r for w in parts.writes[-2:] for r in w] == [[12, 12.0, {"loss": 0.25}]]
-    assert parts.events[-1] == ["found printed metric final_train_loss = 0.25 at step 12: done | final train loss "
-                                "0.2500", "printed metric final_train_loss is the loss ptdash records (loss: 0.25 at "
+    assert [r for w in parts.writes[-2:] for r in w] == [[12, 12.0, {"loss": 0.2513}]]
+    assert parts.events[-1] == ["found printed metric final_train_loss = 0.2513 at step 12: done | final train loss "
+                                "0.2513", "printed metric final_train_loss is the loss ptdash records (loss: 0.2513 at "
                                 "step 12): not kept twice"]
+
+
+def test_a_printed_loss_with_too_few_digits_to_tell_is_kept_until_one_tells():
+    parts, journal = Parts(), Journal()
+    step = [1]
+    printed = PrintedMetrics(lambda: step[0], journal.event, set())
+    flusher = Flusher(parts, journal, parts, parts, None, None, parts.published.append, store=parts,
+                      printed=printed)
+    # 1/step printed to 4 places: "1.0000" reads as 1.0, within 0.05 of step 1's loss 1.02.
+    for s, loss, line in ((1, 1.02, b"step 1 | loss 1.0000\n"), (2, 1.01, b"step 2 | loss 0.5000\n"),
+                          (3, 0.99, b"step 3 | loss 0.3333\n"), (4, 0.25, b"step 4 | loss 0.2500\n")):
+        parts.rows, step[0] = [[s, float(s), {"loss": loss}]], s
+        printed.feed(line)
+        flusher.flush()
+    assert [w[0][2].get(names.printed("loss")) for w in parts.writes] == [1.0, 0.5, 0.3333, 0.25]
+    assert not any("not kept twice" in e for events in parts.events for e in events)
