@@ -7,10 +7,16 @@ validation metrics every 100 steps; ``--mb`` megabytes in all (200 by default). 
 variant runs as its own process, one after the other, in an order that turns each round
 (interleaved in this one run of the benchmark, so the machine's load falls on all alike):
 
-- ``plain``: ``python script.py > out.log`` (stdout and stderr on a file);
+- ``plain``: ``python script.py > out.log`` (stdout and stderr on a file, block-buffered);
+- ``piped``: ``python -u script.py 2>&1 | cat > out.log``: what ptdash does to the output
+  without ptdash (unbuffered, as ``PYTHONUNBUFFERED=1``, which ptdash sets so that output
+  streams as it is printed; through a pipe read by another process), as
+  ``python -u train.py | tee log`` would; the fair baseline for the pipe's own cost;
 - ``ptdash``: ``ptdash --headless script.py`` (output through the relay's pipe, read for
-  metrics: engine/printed.py; the headless front copying output.log to /dev/null);
-- ``no-parse``: the same with ``--no-parse-output``, which tells the parser's own share.
+  metrics: engine/printed.py, the steps marked in it: engine/outmarks.py; the headless
+  front copying output.log to its stdout, a file here);
+- ``no-parse``: the same with ``--no-parse-output``, which tells the parser's own share
+  (no parse, no marks; the engine's own instrumentation of each step stays).
 
 The script times its own loop (steps/s from its first to its last step, without the start
 of the interpreter), so a ratio is throughput against plain: 1.00 is no cost, 0.95 is 5%
@@ -83,6 +89,13 @@ def run(variant: str, mb: float, work: Path, env: dict) -> dict:
         with open(work / "plain.log", "wb") as out:
             proc = subprocess.run([sys.executable, str(script), target, str(result)], stdout=out,
                                   stderr=subprocess.STDOUT, env=env, cwd=work, timeout=3600)
+    elif variant == "piped":
+        with open(work / "plain.log", "wb") as out:
+            cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=out)
+            proc = subprocess.run([sys.executable, "-u", str(script), target, str(result)], stdout=cat.stdin,
+                                  stderr=subprocess.STDOUT, env=env, cwd=work, timeout=3600)
+            cat.stdin.close()
+            cat.wait()
     else:
         options = ["--no-parse-output"] if variant == "no-parse" else []
         with open(work / "front.log", "wb") as out:  # the headless front's copy of the output, and its lines
@@ -151,6 +164,41 @@ def parser_cpu(mb: float) -> tuple[float, int]:
     return spent, metrics.found
 
 
+def marks_cost(steps: int = 20000, blocks: int = 8) -> tuple[float, float]:
+    """What the step marks (engine/outmarks.py) cost a step that prints, on the training
+    thread: each step writes one line through a line-buffered stream (a system call, as
+    ``print(..., flush=True)``) into a pipe that ``cat`` drains, then its boundary as
+    stepend.py has it; with marks, the stream's write is wrapped (the F mark before the
+    step's first write) and the boundary writes the T mark: two more writes of 25 bytes.
+    Blocks with and without, ABBA; the median of each: microseconds per step."""
+    from ptdash.outmarks import Marks
+    from ptdash.stepstate import StepState
+
+    read, write = os.pipe()
+    cat = subprocess.Popen(["cat"], stdin=read, stdout=subprocess.DEVNULL)
+    os.close(read)
+    stream = open(write, "w", buffering=1, closefd=False)
+    line = "step 1 | loss 0.1234 | acc 0.91 | 0.5 ms/step\n"
+    per: dict[bool, list[float]] = {False: [], True: []}
+    for block in range(2 * blocks):
+        on = block % 4 in (1, 2)
+        state = StepState()
+        marks = Marks(write, state, streams=lambda: (stream, stream)) if on else None
+        t0 = time.perf_counter()
+        for step in range(1, steps + 1):
+            stream.write(line)
+            if state.out_dirty:  # the boundary (stepend.py): one attribute test when nothing printed
+                state.out_mark(step + 1)
+            state.step = step + 1
+        per[on].append((time.perf_counter() - t0) / steps * 1e6)
+        if marks is not None:
+            marks.close()
+    stream.close()
+    os.close(write)
+    cat.wait()
+    return statistics.median(per[False]), statistics.median(per[True])
+
+
 def _lags(printed: dict[int, float], stored: dict[int, float]) -> list[int]:
     """For each value printed at a step, how many steps later it was stored (0: at its step;
     the relay runs behind a flood of output, and the marks in it say where each step's bytes are)."""
@@ -171,14 +219,14 @@ def main() -> None:
     args = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONWARNINGS": "ignore",
            "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="ptd-bench-")}
-    variants = ["plain", "ptdash", "no-parse"]
+    variants = ["plain", "piped", "ptdash", "no-parse"]
     rates: dict[str, list[float]] = {v: [] for v in variants}
     counts: dict[str, list[int]] = {v: [] for v in variants}
     load = [os.getloadavg()[0]]
     print(f"a script printing {args.mb:g} MB a run, {args.rounds} rounds, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            order = variants[r % 3:] + variants[:r % 3]
+            order = variants[r % len(variants):] + variants[:r % len(variants)]
             for variant in order:
                 work = Path(tmp) / f"{r}-{variant}"
                 work.mkdir()
@@ -199,14 +247,19 @@ def main() -> None:
                 load.append(os.getloadavg()[0])
                 shutil_rmtree(work)
     med = {v: statistics.median(rates[v]) for v in variants}
-    print(f"median steps/s: plain {med['plain']:,.0f}, ptdash {med['ptdash']:,.0f}, "
-          f"ptdash --no-parse-output {med['no-parse']:,.0f}")
-    print(f"throughput ptdash/plain {med['ptdash'] / med['plain']:.3f}; --no-parse-output/plain "
-          f"{med['no-parse'] / med['plain']:.3f}; the parser's share: ptdash/--no-parse-output "
+    print(f"median steps/s: plain {med['plain']:,.0f}, piped (-u | cat) {med['piped']:,.0f}, ptdash "
+          f"{med['ptdash']:,.0f}, ptdash --no-parse-output {med['no-parse']:,.0f}")
+    print(f"throughput ptdash/plain {med['ptdash'] / med['plain']:.3f}; ptdash/piped {med['ptdash'] / med['piped']:.3f};"
+          f" piped/plain {med['piped'] / med['plain']:.3f}; --no-parse-output/piped "
+          f"{med['no-parse'] / med['piped']:.3f}; the parser's share: ptdash/--no-parse-output "
           f"{med['ptdash'] / med['no-parse']:.3f}")
     pairs = [p / n for p, n in zip(rates["ptdash"], rates["no-parse"])]
     print(f"per round ptdash/--no-parse-output: {', '.join(f'{x:.3f}' for x in pairs)}; "
           f"load average {min(load):.1f}-{max(load):.1f}")
+    plain_us, marked_us = marks_cost()
+    print(f"the step marks on a step that prints one line (a write through a line-buffered stream into a pipe): "
+          f"{plain_us:.2f} us a step without, {marked_us:.2f} us with: +{marked_us - plain_us:.2f} us "
+          f"(the wrapper's call and two 25-byte writes)")
     spent, found = parser_cpu(args.mb)
     loop = statistics.median(steps / rate for steps, rate in zip(counts["plain"], rates["plain"]))
     print(f"the parser's own CPU over the same {args.mb:g} MB, in 64 KB reads: {spent:.2f} s ({found:,} values "

@@ -34,6 +34,16 @@ BATCH_S = 0.1
 """Longest the output is held for the parser before output.log gets it."""
 BATCH_BYTES = 1 << 18
 """Most output held for the parser at once."""
+READ_BYTES = 1 << 16
+"""Most bytes a read takes: a flood comes in reads of this, one batch for the parser each
+few (BATCH_BYTES), so that a line printed every few dozen steps is never a frequent one
+there (printed.FREQUENT)."""
+PIPE_BYTES = 1 << 20
+"""The pipe's size asked for (Linux's most for a user, by default): a flood waits less for the relay."""
+NAP_S = 0.005
+"""After a read that found the pipe far from full, how long the relay waits before the next:
+each read takes the GIL from the training thread, and a script printing at every step
+would otherwise hand it over at every write."""
 
 
 class OutputRelay:
@@ -54,6 +64,7 @@ class OutputRelay:
         os.set_inheritable(self._restore, False)
         read, write = os.pipe()
         self._read = read
+        _grow(write)
         os.dup2(write, 1)
         os.dup2(write, 2)
         self._write_end = write
@@ -133,7 +144,7 @@ class OutputRelay:
                     self._release()
                     continue
                 try:
-                    data = os.read(self._read, 1 << 16)
+                    data = os.read(self._read, READ_BYTES)
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError:
@@ -142,18 +153,24 @@ class OutputRelay:
                 if not data:
                     self._release()
                     return
-                if self.printed is None:
-                    self._write(data)
-                    continue
-                pieces = self._pieces(data)
-                if not pieces:  # marks alone
-                    continue
-                if not self._held:  # output after a quiet while is read at once, a flood in batches
-                    self._due = self._last + BATCH_S
-                self._held += pieces
-                self._size += len(data)
-                if self._size >= BATCH_BYTES or time.monotonic() >= self._due:
-                    self._release()
+                self._take(data)
+            if len(data) < READ_BYTES >> 2:
+                time.sleep(NAP_S)
+
+    def _take(self, data: bytes) -> None:
+        """A read's bytes: to output.log, through the parser where there is one. Under the lock."""
+        if self.printed is None:
+            self._write(data)
+            return
+        pieces = self._pieces(data)
+        if not pieces:  # marks alone
+            return
+        if not self._held:  # output after a quiet while is read at once, a flood in batches
+            self._due = self._last + BATCH_S
+        self._held += pieces
+        self._size += len(data)
+        if self._size >= BATCH_BYTES or time.monotonic() >= self._due:
+            self._release()
 
     def _pieces(self, data: bytes) -> list[tuple[int, bytes]]:
         """A read's bytes, without marks, in pieces each with the step it was written at."""
@@ -234,6 +251,14 @@ class OutputRelay:
                                  "output could not be written to output.log")
         if self.link is not None:
             self.link.flush()
+
+
+def _grow(fd: int) -> None:
+    """Make the pipe of ``fd`` PIPE_BYTES big where the system lets it."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (OSError, AttributeError):  # a smaller limit, or not Linux: 64 KB
+        pass
 
 
 def _unread(fd: int) -> int:
