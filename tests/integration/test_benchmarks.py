@@ -60,6 +60,15 @@ def test_the_printed_output_benchmark_runs():
     assert "the parser's own CPU over the same 2 MB" in result.stdout
 
 
+def test_the_relay_cost_benchmark_runs():
+    """benchmarks/relay_cost.py, short (its figures are its own, longer run)."""
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "relay_cost.py"
+    result = subprocess.run([sys.executable, str(bench), "--rounds", "1", "--steps", "20"], capture_output=True,
+                            text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "relay, no wait: median" in result.stdout and "x file); blocks" in result.stdout
+
+
 def test_the_rollback_cost_benchmark_runs():
     """benchmarks/rollback_cost.py, short (its figures are its own, longer run)."""
     bench = Path(__file__).resolve().parents[2] / "benchmarks" / "rollback_cost.py"
