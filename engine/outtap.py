@@ -29,6 +29,8 @@ import threading
 
 log = logging.getLogger("ptdash.outtap")
 
+OFF = "PTDASH_PARSE_OUTPUT"
+"""``PTDASH_PARSE_OUTPUT=0`` in the job's environment: nothing is read this way."""
 BATCH_S = 0.1
 """How often the queued writes are parsed."""
 MAX_PENDING = 8 << 20
@@ -69,9 +71,12 @@ class OutputTap:
         self._thread.start()
 
     @classmethod
-    def start(cls, printed, state) -> OutputTap | None:
-        """Read ``sys.stdout`` and ``sys.stderr`` for ``printed`` (None: not parsing)."""
-        return cls(printed, state) if printed is not None else None
+    def start(cls, printed, state, environ=os.environ) -> OutputTap | None:
+        """Read ``sys.stdout`` and ``sys.stderr`` for ``printed`` (None: not parsing), unless
+        ``PTDASH_PARSE_OUTPUT=0``: your own torchrun's ``--no-parse-output``, which it cannot be given."""
+        if printed is None or environ.get(OFF) == "0":
+            return None
+        return cls(printed, state)
 
     def _wrap(self, stream) -> None:
         """A ``write`` for ``stream`` that queues its text: an attribute of the object, so

@@ -132,20 +132,29 @@ def test_under_ddp_each_ranks_printed_metrics_are_its_own_at_its_steps(tmp_path,
 
 
 @pytest.mark.slow
-def test_under_your_own_torchrun_each_ranks_prints_are_read_and_its_fds_left_as_they_are(tmp_path):
+@pytest.mark.parametrize("parse", ["read", "PTDASH_PARSE_OUTPUT=0"])
+def test_under_your_own_torchrun_each_ranks_prints_are_read_and_its_fds_left_as_they_are(tmp_path, parse):
     """``torchrun --nproc-per-node 2 -m ptdash.bootstrap``: the ranks' fds stay torchrun's
-    (stdout and stderr apart, here two files), their prints are read at their own steps."""
+    (stdout and stderr apart, here two files), their prints are read at their own steps;
+    ``PTDASH_PARSE_OUTPUT=0`` reads none."""
+    env = {**ENV, "PTDASH_PARSE_OUTPUT": "0"} if parse != "read" else ENV
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                                "-m", "ptdash.bootstrap", str(SCRIPTS / "ddp_printed.py")],
-                              cwd=tmp_path, env=ENV, stdout=out, stderr=err, stdin=subprocess.DEVNULL, timeout=300)
+                              cwd=tmp_path, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, timeout=300)
     said = (tmp_path / "out").read_text()
     assert proc.returncode == 0, said + (tmp_path / "err").read_text()
     (run_dir,) = [p.parent for p in (tmp_path / "ptdash-runs").glob("*/run.json")]
-    # The lines went where torchrun put them, as without ptdash: every value line on stdout;
-    # rank 0 said where the run dir is on stderr.
-    each_ranks_printed(run_dir, output=said)
     assert "ptdash: run dir" in (tmp_path / "err").read_text() and "ptdash: run dir" not in said
+    if parse == "read":
+        # The lines went where torchrun put them, as without ptdash: every value line on
+        # stdout; rank 0 said where the run dir is on stderr.
+        each_ranks_printed(run_dir, output=said)
+        return
+    assert sum(line.startswith("rank ") for line in said.splitlines()) == 8
+    with StoreReader(run_dir / "metrics.db") as store:
+        assert [n for n in store.names() if names.parse_printed(n)] == [] and store.events(kind="printed") == []
+        assert store.last_step(0) == 20 and store.last_step(1) == 20
 
 
 @pytest.mark.parametrize("how", ["sys.stdout", "own-stdout"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 
 from ptdash import outtap
 from ptdash.printed import PrintedMetrics
@@ -54,3 +55,16 @@ def test_a_forked_child_queues_nothing():
     stream.write("val_loss=2\n")
     assert len(tap._queue) == 1
     tap.close()
+
+
+def test_ptdash_parse_output_0_reads_nothing_and_leaves_the_streams_alone():
+    state = StepState()
+    printed = PrintedMetrics(lambda: state.step, lambda *a, **k: None)
+    assert outtap.OutputTap.start(printed, state, environ={"PTDASH_PARSE_OUTPUT": "0"}) is None
+    assert outtap.OutputTap.start(None, state, environ={}) is None  # --no-parse-output in run.json's config
+    assert "write" not in vars(sys.stdout) and "write" not in vars(sys.stderr)
+    tap = outtap.OutputTap.start(printed, state, environ={"PTDASH_PARSE_OUTPUT": "1"})
+    try:
+        assert "write" in vars(sys.stdout)
+    finally:
+        tap.close()
