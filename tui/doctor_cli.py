@@ -98,7 +98,12 @@ def render(title: str, events: list[Event], width: int = 100, ended_at: float | 
         lines += ["   " + textwrap.shorten(e.message, width=width - 3, placeholder=" ...") for e in warnings]
     printed = _printed(events)
     if printed:  # what was read from the output, and the line it came from: a wrong guess is seen here
-        lines += ["", f"Metrics read from the script's output ({len(printed)}; --no-parse-output turns it off):"]
+        said = [read(e) for e in printed]
+        named = {d.name for d in said if d.left_out is None}
+        left = {d.name for d in said if d.left_out is not None}
+        count = f"{len(named)} found" + (f", {len(left & named)} of them left out" if left & named else "") + \
+            (f", {len(left - named)} more left out" if left - named else "")
+        lines += ["", f"Metrics read from the script's output ({count}; --no-parse-output turns it off):"]
         lines += ["   " + textwrap.shorten(e.message.replace("found printed metric ", ""), width=width - 3,
                                            placeholder=" ...") for e in printed]
     return "\n".join(lines), len(found)

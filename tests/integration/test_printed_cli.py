@@ -50,7 +50,7 @@ def test_every_printed_value_is_in_the_store_at_its_step_and_nothing_else_is(tmp
     text = ptdash("show", "run", "--once", cwd=tmp_path).stdout
     assert "  printed     eval_accuracy  last 0.5 (step 17)" in text
     doctor = ptdash("doctor", "run", cwd=tmp_path)  # each guess, with its line, where the doctor reports
-    assert doctor.returncode == 0 and "Metrics read from the script's output (12;" in doctor.stdout
+    assert doctor.returncode == 0 and "Metrics read from the script's output (12 found;" in doctor.stdout
     assert "   val_mse = 4.3333 at step 3: 100%|####| 4/4 [00:04<00:00" in doctor.stdout
     exported = ptdash("export", "run", "--format", "csv", "-o", "run.csv", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
@@ -108,6 +108,8 @@ def test_the_demos_val_loss_is_charted(tmp_path):
     assert kept == [names.printed("val_loss")], kept
     assert sum("printed metric loss is the loss ptdash records" in m for m in said) == 1, said
     assert sum("printed metric final_train_loss is the loss ptdash records" in m for m in said) == 1, said
+    doctor = ptdash("doctor", "run", cwd=tmp_path).stdout
+    assert "Metrics read from the script's output (3 found, 2 of them left out;" in doctor, doctor
     assert f"| val_loss {float(printed[-1][1]):.5g} @{steps[1]} |" in result.stdout  # the headless progress line
     # On screen: the printed panel draws it over the training loss ptdash records.
     app = make_app(ReplaySource(tmp_path / "run"))
