@@ -46,15 +46,22 @@ def _entry(raw: dict) -> Entry:
                  p2p_seq=_int(raw.get("p2p_seq_id"), 0), created_ns=_int(raw.get("time_created_ns"), 0))
 
 
+def _order(raw: dict) -> tuple:
+    p2p = raw.get("is_p2p") is True
+    return p2p, _int(raw.get("p2p_seq_id" if p2p else "collective_seq_id"), 0), _int(raw.get("time_created_ns"), 0)
+
+
 def parse(dump: dict, keep: int = KEEP) -> Flight:
-    """The newest ``keep`` entries of each group and the groups' counters, from the recorder's JSON."""
-    raw = [e for e in dump.get("entries") or () if isinstance(e, dict)]
-    entries = [_entry(e) for e in raw]
-    names = {str(e.get("pg_id")): entry.group for e, entry in zip(raw, entries)}
-    kept: dict[str, list[Entry]] = {}
-    for entry in sorted(entries, key=lambda e: (e.p2p, e.p2p_seq if e.p2p else e.seq, e.created_ns)):
-        kept.setdefault(entry.group, []).append(entry)
-    newest = [e for group in kept.values() for e in group[-keep:]]
+    """The newest ``keep`` entries of each group and the groups' counters, from the recorder's JSON
+    (the entries chosen from the raw dicts: a full buffer holds 2000, and only a few are kept)."""
+    by_group: dict[str, list[dict]] = {}
+    names = {}
+    for raw in dump.get("entries") or ():
+        if isinstance(raw, dict):
+            group = str((raw.get("process_group") or [""])[0])
+            by_group.setdefault(group, []).append(raw)
+            names[str(raw.get("pg_id"))] = group
+    newest = [_entry(raw) for group in by_group.values() for raw in sorted(group, key=_order)[-keep:]]
     newest.sort(key=lambda e: e.created_ns)
     groups = tuple(Group(group=names.get(pg, pg), enqueued=_int(s.get("last_enqueued_collective")),
                          started=_int(s.get("last_started_collective")),
