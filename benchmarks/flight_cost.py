@@ -1,16 +1,16 @@
 """What torch's flight recorder costs the training, and what reading it costs a take of the stacks.
 
-ptdash sets ``TORCH_FR_BUFFER_SIZE=2000`` in each rank where the user set no size (torch 2.13's own
-default is the same). The recorder's size is read once per process, so the A/B is of jobs: one
-run of this script starts two-rank gloo jobs one after another, recorder off
-(``TORCH_FR_BUFFER_SIZE=0``) and on (2000) in ABBA order, so that a drift of the machine's load
+ptdash sets ``TORCH_FR_BUFFER_SIZE`` (ptdash.flight.SIZE) in each rank where the user set no size.
+The recorder's size is read once per process, so the A/B is of jobs: one run of this script
+starts two-rank gloo jobs one after another, recorder off (``TORCH_FR_BUFFER_SIZE=0``) and on
+(``--size``) in ABBA order, so that a drift of the machine's load
 falls on both. Each job times, per rank, ``--steps`` DDP steps of a small MLP (a forward, a
 backward whose reducer all-reduces one bucket, an SGD step) and ``--reduces`` bare one-element
 ``all_reduce`` calls (the case where recording one collective weighs most), and, with the
 recorder on and its buffer full, the CPU time of ``ptdash.flight.read()`` (what a take adds).
 Prints each round's medians, their ratios, and the median ratios over the rounds.
 
-    OMP_NUM_THREADS=1 python benchmarks/flight_cost.py [--rounds 6] [--steps 600] [--reduces 3000]
+    OMP_NUM_THREADS=1 python benchmarks/flight_cost.py [--rounds 6] [--steps 600] [--reduces 3000] [--size N]
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+
+from ptdash.flight import SIZE
 
 JOB = textwrap.dedent("""
     import json, os, statistics, sys, time
@@ -97,16 +99,18 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=6, help="ABBA rounds (each: one job off, one on)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--reduces", type=int, default=3000)
+    p.add_argument("--size", default=SIZE, help="the recorder's size when on (ptdash's default: %(default)s)")
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="ptdash-flight-bench-")
     steps, reduces, reads = [], [], []
-    print(f"two gloo ranks per job, {args.steps} DDP steps and {args.reduces} bare all_reduce each; "
+    print(f"two gloo ranks per job, recorder off or {args.size} entries, {args.steps} DDP steps and "
+          f"{args.reduces} bare all_reduce each; "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}; load average {os.getloadavg()[0]:.1f}")
     for r in range(args.rounds):
         pair = {}
-        for size in (("0", "2000") if r % 2 == 0 else ("2000", "0")):
+        for size in (("0", args.size) if r % 2 == 0 else (args.size, "0")):
             pair[size] = job(size, args.steps, args.reduces, work)
-        off, on = pair["0"], pair["2000"]
+        off, on = pair["0"], pair[args.size]
         steps.append(on["step"] / off["step"])
         reduces.append(on["reduce"] / off["reduce"])
         reads.append(on["read"])
@@ -117,7 +121,7 @@ def main() -> int:
           f"(min {min(steps):.3f}, max {max(steps):.3f}) over {args.rounds} rounds")
     print(f"bare all_reduce, on / off: median ratio {statistics.median(reduces):.3f} "
           f"(min {min(reduces):.3f}, max {max(reduces):.3f})")
-    print(f"ptdash.flight.read() with the buffer full (2000 entries): {statistics.median(reads) * 1e3:.2f} ms CPU "
+    print(f"ptdash.flight.read() with the buffer full ({args.size} entries): {statistics.median(reads) * 1e3:.2f} ms CPU "
           f"median, {max(reads) * 1e3:.2f} ms max; load average now {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -2,12 +2,14 @@
 
 Each process group records its collectives in a ring buffer whose size torch reads from
 ``TORCH_FR_BUFFER_SIZE`` (or ``TORCH_NCCL_TRACE_BUFFER_SIZE``) when the group is made; 0 is off.
-torch 2.13 keeps 2000 by default; older ones kept none for NCCL and had none for gloo.
-``enable`` sets 2000 where the user set neither, before the script runs, so that every rank
-(and every process the script starts: they inherit the environment) records. ``read`` takes
-its newest entries per group (``_dump_fr_trace_json``, a copy of the buffer made under its
-lock), on ptdash's thread that takes the stacks (stacks.py); anything that
-goes wrong reads as a ``Flight`` with a note, never as an error of the take.
+torch 2.13 keeps 2000 by default (measured here); older releases may keep none (not tried here).
+``enable`` sets 256 where the user set neither, before the script runs, so that every rank
+(and every process the script starts: they inherit the environment) records: reading the
+buffer costs in proportion to its size (a full one of 2000 took 32 ms of a rank's CPU here,
+256 take 3 ms; benchmarks/flight_cost.py), and a stall needs only the newest few. ``read``
+takes the newest entries per group (``_dump_fr_trace_json``, a copy of the whole buffer made
+under its lock), on ptdash's thread that takes the stacks (stacks.py); anything that goes
+wrong reads as a ``Flight`` with a note, never as an error of the take.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import sys
 from .shared.flight import KEEP, NO_GROUP, Entry, Flight, Group
 
 BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-SIZE = "2000"
-"""Entries ptdash asks torch to keep per process, where the user did not say."""
+SIZE = "256"
+"""Entries ptdash asks torch to keep per process (all its groups together), where the user did not say."""
 
 
 def enable(environ=os.environ) -> None:
@@ -53,7 +55,7 @@ def _order(raw: dict) -> tuple:
 
 def parse(dump: dict, keep: int = KEEP) -> Flight:
     """The newest ``keep`` entries of each group and the groups' counters, from the recorder's JSON
-    (the entries chosen from the raw dicts: a full buffer holds 2000, and only a few are kept)."""
+    (the entries chosen from the raw dicts: a full buffer may hold thousands, and a few are kept)."""
     by_group: dict[str, list[dict]] = {}
     names = {}
     for raw in dump.get("entries") or ():

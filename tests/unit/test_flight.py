@@ -41,7 +41,7 @@ def _one_rank(**env) -> Flight:
 def test_a_take_reads_the_recorder_with_ddp_s_gradient_all_reduces():
     env = {}
     enable(env)
-    assert env == {"TORCH_FR_BUFFER_SIZE": "2000"}
+    assert env == {"TORCH_FR_BUFFER_SIZE": "256"}
     flight = _one_rank(**env)
     assert flight.note == "" and len(flight.entries) == 8  # the newest 8 of the default group
     assert all(e.group == "0" and e.desc == "default_pg" for e in flight.entries)
