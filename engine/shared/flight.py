@@ -2,8 +2,8 @@
 
 Every process group of torch.distributed records the collectives it runs in a ring buffer
 (``TORCH_FR_BUFFER_SIZE`` entries: 2000 by default in torch 2.13, 256 where ptdash starts the
-ranks and the user set no size; gloo and NCCL alike),
-including those the script never calls by name: DDP's reducer's gradient all-reduces. A
+ranks and the user set no size; gloo here, NCCL by the same API, not tried here), including
+those the script never calls by name: DDP's reducer's gradient all-reduces. A
 rank's engine reads it with its stacks (engine/flight.py); this module is what both sides read:
 the records (``Flight``: a rank's newest ``Entry``s per group and each group's counters), the
 sentence that names the ranks that are behind or disagree (``mismatch``) and one line per
