@@ -413,6 +413,38 @@ def test_each_nodes_printed_metrics_are_its_ranks_own_at_its_steps(tmp_path):
     each_ranks_printed(run_dir)
 
 
+@needs_unshare
+def test_under_your_own_torchrun_on_two_nodes_each_ranks_prints_are_read_as_its_own(tmp_path):
+    """``torchrun --nnodes 2 ... -m ptdash.bootstrap``: each rank's fds stay torchrun's; its
+    prints are read where it writes them and reach the hub over its rank link (TCP for node 1)."""
+    n0, n1, home, runtime = (tmp_path / n for n in ("n0", "n1", "home", "rt0"))
+    for d in (n0, n1, home, runtime):
+        d.mkdir(mode=0o700)
+    port = _ports()
+    env = {**ENV, "XDG_CONFIG_HOME": str(home), "XDG_RUNTIME_DIR": str(runtime)}
+
+    def torchrun(node: int) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+                "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-id", "job-31", "--local-addr", "127.0.0.1", "-m", "ptdash.bootstrap",
+                str(SCRIPTS / "ddp_printed.py")]
+    with open(tmp_path / "node0.out", "w") as out0, open(tmp_path / "node1.out", "w") as out1:
+        node0 = subprocess.Popen(torchrun(0), cwd=n0, env=env, stdout=out0, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
+        node1 = _node1(torchrun(1), n1, env, out1, hidden=(n0, runtime))
+        try:
+            assert node0.wait(180) == 0 and node1.wait(180) == 0, \
+                (tmp_path / "node0.out").read_text()[-3000:] + (tmp_path / "node1.out").read_text()[-3000:]
+        finally:
+            for proc in (node0, node1):
+                if proc.poll() is None:
+                    proc.kill()
+            kill_all(processes_in(n0) + processes_in(n1))
+    (run_dir,) = [p.parent for n in (n0, n1) for p in (n / "ptdash-runs").glob("*/run.json")]
+    # Each node's output is where its torchrun put it: both nodes' lines, together, as written.
+    each_ranks_printed(run_dir, output=(tmp_path / "node0.out").read_text() + (tmp_path / "node1.out").read_text())
+
+
 def test_another_nodes_ptdash_given_node_0s_run_dir_on_a_shared_home_makes_its_own_beside_it(tmp_path):
     shared = tmp_path / "runs" / "exp"
     shared.mkdir(parents=True)
