@@ -69,6 +69,25 @@ class Flight(Record):
     """Why there are no entries (no recorder in this torch, switched off, not read)."""
 
 
+CUT = "the flight recorder's entries cut to the newest 2 of each group"
+"""What ``cut`` leaves out, said in the note of stacks too big to send (stacks.fit)."""
+
+
+def cut(rank: dict) -> dict:
+    """A RankStacks JSON object with its flight recorder's newest 2 entries of each group only: the
+    newest numbers are what ``mismatch`` compares."""
+    found = rank.get("flight")
+    if not isinstance(found, dict) or not isinstance(found.get("entries"), list):
+        return rank
+    entries, seen = [], {}
+    for e in reversed(found["entries"]):
+        group = e.get("group") if isinstance(e, dict) else None
+        seen[group] = seen.get(group, 0) + 1
+        if seen[group] <= 2:
+            entries.append(e)
+    return {**rank, "flight": {**found, "entries": entries[::-1]}}
+
+
 def status(entry: Entry) -> str:
     """``completed``, ``started`` or ``scheduled``: what is known of how far it got."""
     return "completed" if entry.state == "completed" or entry.retired else (entry.state or "scheduled")

@@ -129,18 +129,24 @@ CUTS = (("other threads cut to their innermost frame", _others_innermost),
 """How ``fit`` makes every rank's stacks smaller, the least useful part first."""
 
 
+def _each_thread(cut):
+    return lambda r: {**r, "threads": [c for t in r.get("threads") or [] if (c := cut(t)) is not None]}
+
+
 def fit(ranks: list[dict], limit: int = FIT_BYTES) -> list[dict]:
-    """``ranks`` (RankStacks JSON objects) made to fit in ``limit`` bytes of JSON by ``CUTS``, one
-    after another until they do; each rank's note says what was left out."""
+    """``ranks`` (RankStacks JSON objects) made to fit in ``limit`` bytes of JSON by the flight
+    recorder's cut then ``CUTS``, one after another until they do; each rank's note says what was
+    left out."""
     def size(obj) -> int:
         return len(json.dumps(obj, separators=(",", ":"), default=str))
 
     if size(ranks) <= limit:
         return ranks
     said = []
-    for words, cut in CUTS:
-        said.append(words)
-        ranks = [{**r, "threads": [c for t in r.get("threads") or [] if (c := cut(t)) is not None]} for r in ranks]
+    for words, cut in ((flight.CUT, flight.cut), *((w, _each_thread(c)) for w, c in CUTS)):
+        smaller = [cut(r) for r in ranks]
+        said += [words] if smaller != ranks else []
+        ranks = smaller
         if size(ranks) <= limit:
             break
     told = "too many ranks to send whole: " + ", ".join(said)

@@ -141,3 +141,18 @@ def test_ptdash_stacks_text_has_each_rank_s_newest_collectives_one_line_each():
     off = _ranks(Flight(note="the flight recorder is off (TORCH_FR_BUFFER_SIZE=0)"), Flight(note="no process group"))
     assert "(the flight recorder is off (TORCH_FR_BUFFER_SIZE=0))" in render(off)
     assert not any("flight recorder" in line for line in render(_ranks(Flight(note="no process group"))))
+
+
+def test_stacks_of_many_ranks_cut_to_fit_keep_the_newest_collectives_that_name_the_mismatch():
+    from ptdash.shared.stacks import fit
+
+    ranks = _ranks(*[Flight(entries=tuple(_op(s) for s in range(1, 9)) + (_op(9, retired=False),))] * 39,
+                   Flight(entries=tuple(_op(s) for s in range(1, 9))))
+    data = [r.to_data() for r in ranks]
+    said = mismatch(ranks)
+    assert said.startswith("rank 39 is at collective 8")
+    cut = fit(data, limit=len(json.dumps(data)) // 2)
+    assert len(json.dumps(cut)) <= len(json.dumps(data)) // 2
+    back = read(cut)
+    assert [len(r.flight.entries) for r in back] == [2] * 40 and mismatch(back) == said
+    assert back[0].note == "too many ranks to send whole: the flight recorder's entries cut to the newest 2 of each group"
