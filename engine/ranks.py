@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from .doctor.rules import RULES
-from .shared import events, packed, stacks
+from .shared import events, flight, packed, stacks
 from .shared.protocol import ENDED, Event, LayerNames, Layers, Message, Metrics, Samples, Schedule
 from .shared.wire import from_dict
 
@@ -173,6 +173,8 @@ class RankCollector:
             culprits = stacks.culprits(ranks)
             if culprits:
                 why = "the others wait for it (by the stacks)"
+            elif culprits := flight.behind(ranks):
+                why = "the others made a collective it has not (by the flight recorder)"
         if culprits:
             who = f"rank{'s' if len(culprits) > 1 else ''} {', '.join(map(str, culprits))}"
             last = min(stall.steps.get(r, step) for r in culprits)

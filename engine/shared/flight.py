@@ -169,32 +169,45 @@ def _differ(group: str, desc: str, flights: dict[int, Flight]) -> str:
     return ""
 
 
+def _groups(ranks: list):
+    """``(group, desc, {rank: Flight})`` of each process group two or more ranks' recorders have."""
+    flights = {r.rank: r.flight for r in ranks if r.answered and (r.flight.entries or r.flight.groups)}
+    groups: dict[str, str] = {}
+    for e in (e for f in flights.values() for e in f.entries):
+        groups.setdefault(e.group, e.desc)
+    for g in (g for f in flights.values() for g in f.groups):
+        groups.setdefault(g.group, "")
+    for group, desc in sorted(groups.items(), key=lambda g: (len(g[0]), g[0])):
+        members = {r: f for r, f in flights.items() if any(e.group == group for e in f.entries)
+                   or any(g.group == group and g.enqueued >= 0 for g in f.groups)}
+        if len(members) > 1:
+            yield group, desc, members
+
+
 def mismatch(ranks: list) -> str:
     """By the flight recorder, per process group: the ranks whose newest collective is an older
     one than the others' ("rank 1 is at collective 41 (gloo:all_reduce, 25 elements, completed)
     of group 0 (default_pg); rank 0 at collective 42 (...)"), and a collective number the ranks
     ran as different collectives; "" when they agree or no rank's recorder was read.
     ``ranks`` are RankStacks (their ``rank``, ``answered`` and ``flight``)."""
-    flights = {r.rank: r.flight for r in ranks if r.answered and (r.flight.entries or r.flight.groups)}
-    if len(flights) < 2:
-        return ""
-    groups: dict[str, str] = {}
-    for e in (e for f in flights.values() for e in f.entries):
-        groups.setdefault(e.group, e.desc)
-    for g in (g for f in flights.values() for g in f.groups):
-        groups.setdefault(g.group, "")
     out = []
-    for group, desc in sorted(groups.items(), key=lambda g: (len(g[0]), g[0])):
-        members = {r: f for r, f in flights.items() if any(e.group == group for e in f.entries)
-                   or any(g.group == group and g.enqueued >= 0 for g in f.groups)}
-        if len(members) < 2:
-            continue
+    for group, desc, members in _groups(ranks):
         newest = {r: _newest(f, group) for r, f in members.items()}
         if len({seq for seq, _ in newest.values()}) > 1:
             out.append(_behind(group, desc, newest))
         elif said := _differ(group, desc, members):
             out.append(said)
     return "; ".join(out)
+
+
+def behind(ranks: list) -> list[int]:
+    """The ranks whose newest collective in some group is older than the others': the others have
+    made a collective that waits for them."""
+    out = set()
+    for group, _, members in _groups(ranks):
+        newest = {r: _newest(f, group)[0] for r, f in members.items()}
+        out |= {r for r, seq in newest.items() if seq < max(newest.values())}
+    return sorted(out)
 
 
 def _newest_lines(flight: Flight, last: int) -> tuple[str, ...]:

@@ -156,3 +156,41 @@ def test_stacks_of_many_ranks_cut_to_fit_keep_the_newest_collectives_that_name_t
     back = read(cut)
     assert [len(r.flight.entries) for r in back] == [2] * 40 and mismatch(back) == said
     assert back[0].note == "too many ranks to send whole: the flight recorder's entries cut to the newest 2 of each group"
+
+
+def test_a_stall_every_rank_waits_at_is_named_by_the_flight_recorder_when_the_stacks_cannot_tell():
+    import threading
+    import time
+
+    from ptdash.ranks import RankCollector
+    from ptdash.shared import events
+    from ptdash.shared.stacks import Frame, Thread
+
+    site = "/venv/lib/python3.11/site-packages/"
+    main = Frame(file="/u/train.py", line=40, func="<module>", code="main()", own=True)
+    backward = (Frame(file="/u/train.py", line=15, func="main", code="loss.backward()", own=True),
+                Frame(file=site + "torch/_tensor.py", line=623, func="backward", lib="torch"))
+    recv = (Frame(file="/u/train.py", line=20, func="main", code="dist.recv(t, 0, group=pipe)", own=True),
+            Frame(file=site + "torch/distributed/distributed_c10d.py", line=2500, func="recv", lib="torch"))
+
+    def rank(r: int, inner: tuple, flight: Flight) -> dict:
+        return RankStacks(rank=r, flight=flight, threads=(Thread(name="MainThread", training=True,
+                                                                 frames=(main, *inner)),)).to_data()
+
+    ahead = Flight(entries=(_op(41), _op(42, retired=False)))
+    journaled, done = [], threading.Event()
+    collector = RankCollector(None, lambda msg: None, lambda what, message: (journaled.append((what, message)),
+                                                                            done.set()),
+                              lambda: "running", stall_seconds=0.05)
+    collector.stacks = lambda: [rank(0, backward, ahead), rank(1, recv, Flight(entries=(_op(41),)))]
+    collector.receive(1, {"rows": []})
+    collector.collect([[29, 1.0, {"loss": 1.0}]])
+    collector._progress[1] = collector._progress[0]  # both ranks at step 29: the counts cannot tell
+    time.sleep(0.2)
+    collector.collect([])
+    done.wait(30)
+    stall, text = journaled[0]
+    assert isinstance(stall, events.Stall) and stall.ranks == (1,)
+    assert text.startswith("rank 1 stalled: no step for 0 s (at step 29); the others made a collective it has not "
+                           "(by the flight recorder): ")
+    assert "rank 1 is at collective 41" in text
