@@ -49,6 +49,16 @@ def test_the_stacks_cost_benchmark_runs():
     assert "median ratio" in result.stdout and "a stacks request of both ranks answered in" in result.stdout
 
 
+def test_the_flight_cost_benchmark_runs():
+    """benchmarks/flight_cost.py for one short round (its figures are its own, longer run)."""
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "flight_cost.py"
+    result = subprocess.run([sys.executable, str(bench), "--rounds", "1", "--steps", "20", "--reduces", "300"],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "DDP step, recorder on / off: median ratio" in result.stdout
+    assert "ptdash.flight.read() with the buffer full (256 entries)" in result.stdout
+
+
 @pytest.mark.slow
 def test_the_printed_output_benchmark_runs():
     """benchmarks/printed_output.py at 2 MB, one round (its figures are for 200 MB)."""
