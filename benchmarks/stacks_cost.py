@@ -11,8 +11,9 @@ median step time both ways, the ratio, and how long a request took to be answere
 
 On a loaded machine that ratio is mostly the load's noise, so the script also measures the
 bound that does not depend on it: how long one take of this process's stacks holds the GIL
-(``StackTaker.take`` on another thread while a training loop runs here), which is the most
-a take can cost the training thread; at one take a second, that time in a second.
+(``StackTaker.take`` on another thread while a training loop runs here, in a gloo group of one
+whose flight recorder is full: the take reads it), which is the most a take can cost the
+training thread; at one take a second, that time in a second.
 
     OMP_NUM_THREADS=1 python benchmarks/stacks_cost.py [--rounds 6] [--seconds 6]
 """
@@ -50,12 +51,17 @@ def _step_times(walls: tuple[list[int], list[float]], t0: float, t1: float) -> l
 
 def take_seconds(takes: int = 50) -> list[float]:
     """The CPU time of each ``StackTaker.take`` (the GIL held for it) while a small training loop runs
-    on another thread."""
+    on another thread, in a gloo process group of one whose flight recorder (ptdash's size) is full:
+    a take reads it too."""
     import torch
+    import torch.distributed as dist
 
+    from ptdash.flight import enable
     from ptdash.stacks import StackTaker
 
-    stop = threading.Event()
+    enable()
+    dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+    stop, steps = threading.Event(), [0]
 
     def train() -> None:
         model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(8)])
@@ -63,8 +69,11 @@ def take_seconds(takes: int = 50) -> list[float]:
         x = torch.randn(16, 32)
         while not stop.is_set():
             opt.zero_grad()
-            model(x).pow(2).mean().backward()
+            loss = model(x).pow(2).mean()
+            loss.backward()
             opt.step()
+            dist.all_reduce(loss.detach())  # one recorded collective a step
+            steps[0] += 1
 
     trainer = threading.Thread(target=train, name="trainer")
     trainer.start()
@@ -72,7 +81,9 @@ def take_seconds(takes: int = 50) -> list[float]:
     taker.training = trainer.ident
     out = []
     try:
-        time.sleep(0.5)
+        while steps[0] < 300 and trainer.is_alive():  # the recorder full (256 entries)
+            time.sleep(0.1)
+        assert taker.take()["flight"]["entries"], "the recorder read"
         for _ in range(takes):
             t0 = time.thread_time()  # its own CPU time: what it holds the GIL for, not its waits for it
             taker.take()
@@ -81,6 +92,7 @@ def take_seconds(takes: int = 50) -> list[float]:
     finally:
         stop.set()
         trainer.join()
+        dist.destroy_process_group()
     return out
 
 
@@ -150,7 +162,8 @@ def main() -> int:
           f"{max(answers) * 1e3:.1f} ms max ({len(answers)} requests)")
     takes = take_seconds()
     median = statistics.median(takes)
-    print(f"one take of a process's stacks (a training thread running), its CPU time: {median * 1e3:.2f} ms median, "
+    print(f"one take of a process's stacks and its flight recorder (a training thread running), its CPU time: "
+          f"{median * 1e3:.2f} ms median, "
           f"{max(takes) * 1e3:.2f} ms max ({len(takes)} takes): at one a second, at most {median / args.every:.3%} "
           f"of the training thread's time")
     return 0
