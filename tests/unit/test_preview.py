@@ -23,6 +23,17 @@ class Discovery:
         return self.schedulers
 
 
+LOOPS: list = []
+"""Every Loop a test made: its preview's thread is stopped after the test (``closed``)."""
+
+
+@pytest.fixture(autouse=True)
+def closed():
+    yield
+    while LOOPS:
+        LOOPS.pop().preview.close()
+
+
 class Loop:
     """A training loop as a script writes it, recording rows as ptdash's hooks do."""
 
@@ -40,6 +51,7 @@ class Loop:
         self.ends: list[int] = []
         self.preview = SchedulePreview(self.discovery, lambda: self.opt, lambda: self.step_no, lambda: self.scale,
                                        lambda: total, on_end=self.ends.append)
+        LOOPS.append(self)
         self.by_hand = None
 
     def steps(self, n: int) -> list:

@@ -163,7 +163,11 @@ def test_host_sampler_reads_sane_values():
     host = system.HostSampler()
     first = host.sample()
     assert first["cpu_pct"] is NA and first["proc_cpu_pct"] is NA  # no baseline yet
-    sum(i * i for i in range(200_000))
+    # Some clock ticks of every CPU between the samples, however fast or loaded the machine
+    # (the machine's counters move in ticks of 10 ms: a sum done within one read NA).
+    started = time.perf_counter()
+    while time.perf_counter() - started < 0.05:
+        sum(i * i for i in range(10_000))
     second = host.sample()
     assert second["rss_bytes"] > 0
     assert second["mem_total_bytes"] > second["mem_used_bytes"] > 0
@@ -276,15 +280,12 @@ def test_sampler_flat_names_with_fake_gpu(monkeypatch):
     assert not any(k.startswith("gpu") for k in sampler.sample())
 
 
-def test_sampler_on_this_machine_is_cheap():
+def test_sampler_on_this_machine_reports_the_host():
+    # (What sampling costs a step is in the engine's overhead, benchmarks/overhead.py, not a timed test's to say.)
     sampler = system.SystemSampler()
     out = sampler.sample()
     if not sampler._nvml.available() and not system.cuda_allocator_stats():
         assert sampler.devices_summary() == "no CUDA device"
         assert sorted(out) == sorted(f"host/{k}" for k in system.HostSampler().sample())
-    times = []
-    for _ in range(20):
-        start = time.perf_counter()
-        sampler.sample()
-        times.append(time.perf_counter() - start)
-    assert sorted(times)[len(times) // 2] < 0.02  # measured ~0.3 ms; bound is for loaded CI boxes
+    again = sampler.sample()
+    assert again["host/rss_bytes"] > 0 and sorted(again) == sorted(out)
