@@ -1,7 +1,7 @@
 """What torch's flight recorder costs the training, and what reading it costs a take of the stacks.
 
-ptdash sets ``TORCH_FR_BUFFER_SIZE`` (ptdash.flight.SIZE) in each rank where the user set no size.
-The recorder's size is read once per process, so the A/B is of jobs: one run of this script
+ptdash leaves the recorder as torch or the user set it (``TORCH_FR_BUFFER_SIZE``; torch 2.13's
+default is 2000 entries). The recorder's size is read once per process, so the A/B is of jobs: one run of this script
 starts two-rank gloo jobs one after another, recorder off (``TORCH_FR_BUFFER_SIZE=0``) and on
 (``--size``) in ABBA order, so that a drift of the machine's load
 falls on both. Each job times, per rank, ``--steps`` DDP steps of a small MLP (a forward, a
@@ -24,8 +24,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-
-from ptdash.flight import SIZE
 
 JOB = textwrap.dedent("""
     import json, os, statistics, sys, time
@@ -99,7 +97,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=6, help="ABBA rounds (each: one job off, one on)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--reduces", type=int, default=3000)
-    p.add_argument("--size", default=SIZE, help="the recorder's size when on (ptdash's default: %(default)s)")
+    p.add_argument("--size", default="2000", help="the recorder's size when on (torch 2.13's default: %(default)s)")
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="ptdash-flight-bench-")
     steps, reduces, reads = [], [], []

@@ -51,15 +51,13 @@ def _step_times(walls: tuple[list[int], list[float]], t0: float, t1: float) -> l
 
 def take_seconds(takes: int = 50) -> list[float]:
     """The CPU time of each ``StackTaker.take`` (the GIL held for it) while a small training loop runs
-    on another thread, in a gloo process group of one whose flight recorder (ptdash's size) is full:
+    on another thread, in a gloo process group of one whose flight recorder (torch's size) is full:
     a take reads it too."""
     import torch
     import torch.distributed as dist
 
-    from ptdash.flight import enable
     from ptdash.stacks import StackTaker
 
-    enable()
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
     stop, steps = threading.Event(), [0]
 
@@ -81,7 +79,7 @@ def take_seconds(takes: int = 50) -> list[float]:
     taker.training = trainer.ident
     out = []
     try:
-        while steps[0] < 300 and trainer.is_alive():  # the recorder full (256 entries)
+        while steps[0] < 2100 and trainer.is_alive():  # the recorder full (torch's 2000 entries)
             time.sleep(0.1)
         assert taker.take()["flight"]["entries"], "the recorder read"
         for _ in range(takes):

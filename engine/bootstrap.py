@@ -127,7 +127,7 @@ def main() -> int:
     from .unattended import EarlySignals
 
     early = EarlySignals()  # a SIGTERM while torch imports is a stop, not a death
-    from . import flight, unattended
+    from . import unattended
     from .checkpoint_format import ResumeError
     from .controls import StopTraining
     from .engine import Engine
@@ -140,7 +140,6 @@ def main() -> int:
     if not argv:
         print("usage: python -m ptdash.bootstrap [-m MODULE | SCRIPT] [ARGS...]", file=sys.stderr)
         return 2
-    flight.enable()  # before the script makes its process groups; its own processes inherit it
     run_dir, config = _run_dir(argv)
     link = EngineLink.from_env()
     relay = OutputRelay.start(run_dir, link)

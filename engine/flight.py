@@ -1,15 +1,15 @@
-"""torch's flight recorder: switched on in each rank ptdash starts, read with its stacks.
+"""torch's flight recorder, read with a rank's stacks.
 
 Each process group records its collectives in a ring buffer whose size torch reads from
 ``TORCH_FR_BUFFER_SIZE`` (or ``TORCH_NCCL_TRACE_BUFFER_SIZE``) when the group is made; 0 is off.
 torch 2.13 keeps 2000 by default (measured here); older releases may keep none (not tried here).
-``enable`` sets 256 where the user set neither, before the script runs, so that every rank
-(and every process the script starts: they inherit the environment) records: reading the
-buffer costs in proportion to its size (a full one of 2000 took 32 ms of a rank's CPU here,
-256 take 3 ms; benchmarks/flight_cost.py), and a stall needs only the newest few. ``read``
-takes the newest entries per group (``_dump_fr_trace_json``, a copy of the whole buffer made
-under its lock), on ptdash's thread that takes the stacks (stacks.py); anything that goes
-wrong reads as a ``Flight`` with a note, never as an error of the take.
+ptdash sets neither: the recorder is the one torch or the user made (a job's own dumps on a
+timeout keep their history). ``read`` takes the newest entries per group
+(``_dump_fr_trace_json``, a copy of the whole buffer made under its lock, then its JSON read
+with the GIL held), on ptdash's thread that takes the stacks (stacks.py), only when stacks are
+asked for or a stall takes them: a full 2000 cost 32 ms of a rank's CPU here, 256 cost 3 ms
+(benchmarks/flight_cost.py). Anything that goes wrong reads as a ``Flight`` with a note,
+never as an error of the take.
 """
 
 from __future__ import annotations
@@ -21,16 +21,6 @@ import sys
 from .shared.flight import KEEP, NO_GROUP, Entry, Flight, Group
 
 BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-SIZE = "256"
-"""Entries ptdash asks torch to keep per process (all its groups together), where the user did not say."""
-
-
-def enable(environ=os.environ) -> None:
-    """Ask torch to record collectives, unless the user set the buffer's size (0 switches it off)."""
-    if not any(name in environ for name in BUFFER_ENV):
-        environ[BUFFER_ENV[0]] = SIZE
-
-
 def _int(value, default: int = -1) -> int:
     try:
         return int(value)

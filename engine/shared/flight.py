@@ -1,8 +1,8 @@
 """torch's flight recorder, as each rank's engine read it: its newest collectives per process group.
 
 Every process group of torch.distributed records the collectives it runs in a ring buffer
-(``TORCH_FR_BUFFER_SIZE`` entries: 2000 by default in torch 2.13, 256 where ptdash starts the
-ranks and the user set no size; gloo here, NCCL by the same API, not tried here), including
+(``TORCH_FR_BUFFER_SIZE`` entries: 2000 by default in torch 2.13, which ptdash leaves as it is;
+gloo here, NCCL by the same API, not tried here), including
 those the script never calls by name: DDP's reducer's gradient all-reduces. A
 rank's engine reads it with its stacks (engine/flight.py); this module is what both sides read:
 the records (``Flight``: a rank's newest ``Entry``s per group and each group's counters), the

@@ -56,7 +56,7 @@ def test_the_flight_cost_benchmark_runs():
                             capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "DDP step, recorder on / off: median ratio" in result.stdout
-    assert "ptdash.flight.read() with the buffer full (256 entries)" in result.stdout
+    assert "ptdash.flight.read() with the buffer full (2000 entries)" in result.stdout
 
 
 @pytest.mark.slow
