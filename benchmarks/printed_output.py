@@ -44,11 +44,11 @@ SCRIPT = r'''
 import json, sys, time
 import torch
 
-target, result = int(sys.argv[1]), sys.argv[2]
+target, result, width = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 torch.manual_seed(0)
-model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)])
+model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-x, y = torch.randn(16, 32), torch.randn(16, 32)
+x, y = torch.randn(16, width), torch.randn(16, width)
 dump = "".join(f"layer {i} weight mean {0.001 * i:.4f} std {0.98:.3f} shape [32, 32] grads ok\n" for i in range(96))
 written, step, start, steps, val = 0, 0, None, 0, {}
 while written < target:
@@ -79,7 +79,7 @@ with open(result, "w") as f:
 '''
 
 
-def run(variant: str, mb: float, work: Path, env: dict) -> dict:
+def run(variant: str, mb: float, work: Path, env: dict, width: int = 32) -> dict:
     """One run of the workload; its own figures (steps, seconds, bytes) and what was stored."""
     script, result = work / "chatty.py", work / f"result-{variant}.json"
     script.write_text(SCRIPT)
@@ -87,20 +87,20 @@ def run(variant: str, mb: float, work: Path, env: dict) -> dict:
     run_dir = work / f"run-{variant}"
     if variant == "plain":
         with open(work / "plain.log", "wb") as out:
-            proc = subprocess.run([sys.executable, str(script), target, str(result)], stdout=out,
-                                  stderr=subprocess.STDOUT, env=env, cwd=work, timeout=3600)
+            proc = subprocess.run([sys.executable, str(script), target, str(result), str(width)],
+                                  stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work, timeout=3600)
     elif variant == "piped":
         with open(work / "plain.log", "wb") as out:
             cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=out)
-            proc = subprocess.run([sys.executable, "-u", str(script), target, str(result)], stdout=cat.stdin,
-                                  stderr=subprocess.STDOUT, env=env, cwd=work, timeout=3600)
+            proc = subprocess.run([sys.executable, "-u", str(script), target, str(result), str(width)],
+                                  stdout=cat.stdin, stderr=subprocess.STDOUT, env=env, cwd=work, timeout=3600)
             cat.stdin.close()
             cat.wait()
     else:
         options = ["--no-parse-output"] if variant == "no-parse" else []
         with open(work / "front.log", "wb") as out:  # the headless front's copy of the output, and its lines
             proc = subprocess.run([sys.executable, "-m", "ptdash.tui.cli", "--headless", "--run-dir", str(run_dir),
-                                   *options, str(script), target, str(result)], stdout=out,
+                                   *options, str(script), target, str(result), str(width)], stdout=out,
                                   stderr=subprocess.STDOUT, env=env, cwd=work, timeout=3600)
     if proc.returncode != 0:
         said = b""
@@ -216,6 +216,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=200.0, help="megabytes the script prints in each run")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--width", type=int, default=32,
+                        help="the model's width: 32 makes a flood (steps of a few hundred us); 512, steps of "
+                             "milliseconds printing the same, at a rate real scripts print at")
     args = parser.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONWARNINGS": "ignore",
            "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="ptd-bench-")}
@@ -223,7 +226,8 @@ def main() -> None:
     rates: dict[str, list[float]] = {v: [] for v in variants}
     counts: dict[str, list[int]] = {v: [] for v in variants}
     load = [os.getloadavg()[0]]
-    print(f"a script printing {args.mb:g} MB a run, {args.rounds} rounds, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
+    print(f"a script printing {args.mb:g} MB a run, {args.rounds} rounds, model width {args.width}, "
+          f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = variants[r % len(variants):] + variants[:r % len(variants)]
@@ -231,7 +235,7 @@ def main() -> None:
                 work = Path(tmp) / f"{r}-{variant}"
                 work.mkdir()
                 t0 = time.monotonic()
-                f = run(variant, args.mb, work, env)
+                f = run(variant, args.mb, work, env, args.width)
                 rate = f["steps"] / f["seconds"]
                 rates[variant].append(rate)
                 counts[variant].append(f["steps"])
