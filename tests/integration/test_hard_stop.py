@@ -88,8 +88,13 @@ def test_a_second_signal_kills_at_once_whatever_the_engine_says(tmp_path):
         code = proc.wait(120)
         text = (tmp_path / "front.out").read_text()
         assert code == 128 + signal.SIGKILL, text[-2000:]
-        assert "SIGTERM again: killing the run" in text and "did not end within 3 s of the kill" in text
+        assert "SIGTERM again: killing the run" in text, text[-2000:]
         assert not _alive(engine)
+        # The kill went as a command the engine never read, made good from here after 3 s, or,
+        # when the command could not even be sent (its socket's backlog, a loaded machine), as
+        # SIGKILL at once: either way the run is recorded killed.
+        info = rundir.read_info(tmp_path / "run")
+        assert info.status == "crashed" and "SIGKILL" in (info.detail or "") + text, (info, text[-2000:])
     finally:
         _end((proc.pid, engine))
 
