@@ -25,7 +25,10 @@ the step they were printed at (all of them: the output is marked, engine/outmark
 own CPU time over the same bytes, in this process: what it takes from the relay's thread
 whatever the machine's load.
 
-    OMP_NUM_THREADS=1 python benchmarks/printed_output.py [--mb 200] [--rounds 3]
+    OMP_NUM_THREADS=1 python benchmarks/printed_output.py [--mb 200] [--rounds 3] [--width 32]
+
+``--width`` is the model's: 32 makes the flood (steps of a few hundred microseconds, 20 MB/s);
+1024, steps of milliseconds printing the same, at a rate real scripts print at.
 """
 
 from __future__ import annotations
