@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 from . import link
 from .shared import stacks
 
@@ -166,30 +168,16 @@ def welcome_line(answer: dict, node: int, ranks: str) -> str:
             f"(watch it there: ptdash attach {where}); the output goes to its output.log")
 
 
-
 MAX_PIDS = 4096
 """Processes one ``proc`` order may ask about."""
 
 
-def _parent(pid: int) -> int | None:
+def descends(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is ``ancestor``'s child, grandchild..."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-
-
-def descends(pid: int, ancestor: int, depth: int = 32) -> bool:
-    """Whether process ``pid`` is ``ancestor``'s child, grandchild... (by /proc)."""
-    for _ in range(depth):
-        parent = _parent(pid)
-        if parent is None or parent <= 1:
-            return False
-        if parent == ancestor:
-            return True
-        pid = parent
-    return False
+        return any(p.pid == ancestor for p in psutil.Process(pid).parents())
+    except psutil.Error:
+        return False
 
 
 def proc_states(pids, launcher: int) -> dict[str, list[str]]:

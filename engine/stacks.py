@@ -80,6 +80,8 @@ def _lib(path: str, root: str = "") -> str:
     return ""
 
 
+DUMPED_THREADS = 100
+"""The most threads faulthandler dumps."""
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) ")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
 _ESCAPE = re.compile(r"\\(x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
@@ -110,10 +112,11 @@ def _dump() -> dict[int, list[tuple[str, int, str]]]:
             frames.append((_unescape(m.group(1)), line_no, _unescape(m.group(3))))
     # faulthandler dumps at most 100 threads, the newest first: the others (the main thread
     # among them, in a process of many) are walked here, in Python.
-    for ident, frame in sys._current_frames().items():
-        if ident not in out:
-            out[ident] = _walk(frame)
-        frame = None  # a frame holds its locals alive
+    if len(out) >= DUMPED_THREADS:
+        for ident, frame in sys._current_frames().items():
+            if ident not in out:
+                out[ident] = _walk(frame)
+            frame = None  # a frame holds its locals alive
     return {ident: frames[::-1] for ident, frames in out.items()}
 
 
