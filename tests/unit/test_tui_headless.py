@@ -6,7 +6,7 @@ from ptdash.shared import names, rundir
 from ptdash.shared.protocol import Event
 from ptdash.shared.reader import StoreReader
 from ptdash.shared.store import STORE_NAME, StoreWriter
-from ptdash.tui.headless import progress_line
+from ptdash.tui.watch import progress_line
 from support.recorded_run import make_run
 
 
@@ -107,7 +107,7 @@ def test_the_progress_line_has_the_newest_validation_metric_the_script_printed(t
 @pytest.mark.parametrize("keeps", [False, True])
 def test_an_anomaly_pause_says_how_to_roll_back_where_the_run_can(tmp_path, keeps):
     from ptdash.shared.config import RunConfig
-    from ptdash.tui.headless import pause_text
+    from ptdash.tui.watch import pause_text
 
     run_dir = make_run(tmp_path, steps=20, status="paused")
     info = rundir.update_info(run_dir, paused_at=20, config=RunConfig(rollback_every=10 if keeps else None))
@@ -118,3 +118,60 @@ def test_an_anomaly_pause_says_how_to_roll_back_where_the_run_can(tmp_path, keep
     assert "ptdash --on-anomaly rollback ..." in text
     lines = text.splitlines()
     assert lines[1] == "[ptdash]   layer: 0.weight" and lines[-1].endswith("--on-anomaly rollback ...")
+
+
+def _anomaly(step: int) -> Event:
+    return Event(kind="anomaly", step=step, wall=0.0, data={"step": step + 1, "action": "pause", "layer": "head.weight"},
+                 message=f"non-finite gradient before the update of step {step + 1}, first in head.weight; "
+                         "paused before the update")
+
+
+def _answer(name: str, step: int) -> Event:
+    return Event(kind="command", step=step, wall=0.0, message=f"{name}: {name}d at step {step}",
+                 data={"id": f"c-{name}-{step}", "name": name, "ok": True, "applied_step": step})
+
+
+def _watch(run_dir, paused_at: int, stored: list[Event]) -> list[str]:
+    from ptdash.tui.watch import Watcher
+
+    if stored:
+        writer = StoreWriter(run_dir / STORE_NAME)
+        writer.write(events=stored)
+        writer.close()
+    rundir.update_info(run_dir, status="paused", paused_at=paused_at)
+    said: list[str] = []  # the pauses it says (the demo run's own events are said too)
+    watcher = Watcher(run_dir, None, False, lambda line: line.startswith("[ptdash] paused") and said.append(line))
+    watcher.poll(False)
+    return said, watcher
+
+
+def test_a_pause_waits_for_the_store_to_say_why(tmp_path):
+    """run.json says paused at once; the anomaly that paused it reaches the store at the next
+    flush. The pause was said "on request" in between (failed so in CI under load)."""
+    run_dir = make_run(tmp_path, steps=19, status="running")
+    said, watcher = _watch(run_dir, 19, [])
+    assert said == []
+    writer = StoreWriter(run_dir / STORE_NAME)
+    writer.write(events=[_anomaly(19)])
+    writer.close()
+    watcher.poll(False)
+    assert said[0].startswith("[ptdash] paused after step 19: non-finite gradient before the update of step 20, "
+                              "first in head.weight"), said
+    assert "[ptdash]   resume (the non-finite update is skipped):  ptdash ctl" in said[0]
+
+
+def test_a_requested_pause_after_an_anomaly_pause_is_a_request(tmp_path):
+    run_dir = make_run(tmp_path, steps=40, status="running")
+    said, _ = _watch(run_dir, 30, [_anomaly(5), _answer("resume", 5), _answer("pause", 30)])
+    assert said and said[0].startswith("[ptdash] paused after step 30: paused on request\n"), said
+    assert "non-finite" not in said[0]
+
+
+def test_a_pause_the_store_never_explains_is_said_after_a_while(tmp_path, monkeypatch):
+    from ptdash.tui import watch
+
+    monkeypatch.setattr(watch, "EXPLAIN_WAIT", 0.0)
+    run_dir = make_run(tmp_path, steps=19, status="running")
+    said, watcher = _watch(run_dir, 19, [])
+    watcher.poll(False)
+    assert said and said[0].startswith("[ptdash] paused after step 19: paused (the store does not say why yet)"), said
