@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -43,15 +44,17 @@ class Terminal:
     def screen(self, session: str) -> str:
         return self.tmux("capture-pane", "-p", "-t", session)
 
-    def wait_for(self, session: str, text: str, timeout: float = 60) -> str:
+    def wait_for(self, session: str, text: str | re.Pattern, timeout: float = 60) -> str:
+        """The screen once ``text`` (a string, or a compiled pattern searched for) is on it."""
+        seen = text.search if isinstance(text, re.Pattern) else (lambda screen: text in screen)
         deadline = time.monotonic() + timeout
         screen = ""
         while time.monotonic() < deadline:
             screen = self.screen(session)
-            if text in screen:
+            if seen(screen):
                 return screen
             time.sleep(0.2)
-        raise AssertionError(f"{text!r} never appeared on screen:\n{screen}")
+        raise AssertionError(f"{getattr(text, 'pattern', text)!r} never appeared on screen:\n{screen}")
 
     def kill_session(self, session: str) -> None:
         self.tmux("kill-session", "-t", session)
