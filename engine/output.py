@@ -37,7 +37,7 @@ BATCH_BYTES = 1 << 18
 READ_BYTES = 1 << 16
 """Most bytes a read takes: a flood comes in reads of this, one batch for the parser each
 few (BATCH_BYTES), so that a line printed every few dozen steps is never a frequent one
-there (printed.FREQUENT)."""
+there (printread.FREQUENT)."""
 PIPE_BYTES = 1 << 20
 """The pipe's size asked for (Linux's most for a user, by default): a flood waits less for the relay."""
 NAP_S = 0.005

@@ -1,7 +1,7 @@
 """What one line of a script's output says about its metrics: ``(name, value)`` pairs, or none.
 
 Pure functions of the text; the stream around them (carriage returns, the step, the
-series) is printed.py's. The forms scripts and frameworks print:
+series) is printread.py's and printed.py's. The forms scripts and frameworks print:
 
 - ``name=value``, ``name: value``, ``name value``, where the name holds a metric word
   (``loss``, ``acc``, ``ppl``, ``f1``, ``top1``, ``reward``... ``METRIC``), with the words

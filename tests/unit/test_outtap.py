@@ -21,7 +21,7 @@ def _tapped():
 
 def test_each_value_is_kept_at_the_step_it_was_written_at_whenever_it_is_parsed():
     state, printed, stream, tap, found = _tapped()
-    for step in range(1, 5):  # at most printed.FREQUENT lines of a shape a batch: each kept
+    for step in range(1, 5):  # at most printread.FREQUENT lines of a shape a batch: each kept
         state.step = step
         print(f"step {step} | val_loss={step / 10}", file=stream)
     state.step = 40  # parsed long after: still at the steps the lines were written at

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ptdash import printed as printed_module
+from ptdash import printread
 from ptdash.printed import PrintedMetrics, merge
 from ptdash.shared import events, names
 
@@ -79,8 +80,8 @@ def test_windows_line_ends_terminal_colours_and_keras_backspaces():
 def test_the_same_report_printed_many_times_in_a_chunk_keeps_its_last_value_and_is_read_once(monkeypatch):
     s = Stream()
     calls = []
-    real = printed_module.printparse.parse
-    monkeypatch.setattr(printed_module.printparse, "parse", lambda line: calls.append(line) or real(line))
+    real = printread.printparse.parse
+    monkeypatch.setattr(printread.printparse, "parse", lambda line: calls.append(line) or real(line))
     chunk = b"".join(b"step %d | loss %.4f | 12 ms/step\n" % (i, 1 / (i + 1)) for i in range(500))
     s.feed(chunk, step=500)
     assert s.found() == {500: {names.printed("loss"): pytest.approx(1 / 500)}}
@@ -100,7 +101,7 @@ def test_source_lines_after_a_traceback_frame_are_not_metrics():
 
 def test_an_unfinished_line_counts_at_the_end_and_an_overlong_one_never():
     s = Stream()
-    s.feed(b"x" * (printed_module.MAX_TAIL + 10), step=1)
+    s.feed(b"x" * (printread.MAX_TAIL + 10), step=1)
     s.feed(b" loss 0.9\nfinal test acc: 0.97", step=2)
     s.metrics.finish()
     assert s.found() == {2: {names.printed("final_test_acc"): 0.97}}
@@ -139,7 +140,7 @@ def test_at_most_max_names_names(monkeypatch):
 
 def test_a_line_that_breaks_the_parser_is_logged_and_the_rest_goes_on(monkeypatch, caplog):
     s = Stream()
-    monkeypatch.setattr(printed_module.printparse, "parse", lambda line: 1 / 0)
+    monkeypatch.setattr(printread.printparse, "parse", lambda line: 1 / 0)
     s.feed(b"loss 0.5\n", step=1)
     assert "failed" in caplog.text and s.found() == {}
 
