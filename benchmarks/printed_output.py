@@ -13,8 +13,8 @@ variant runs as its own process, one after the other, in an order that turns eac
   streams as it is printed; through a pipe read by another process), as
   ``python -u train.py | tee log`` would; the fair baseline for the pipe's own cost;
 - ``ptdash``: ``ptdash --headless script.py`` (output through the relay's pipe, read for
-  metrics: engine/printed.py, the steps marked in it: engine/outmarks.py; the headless
-  front copying output.log to its stdout, a file here);
+  metrics by its copier, a process of its own: engine/outproc.py; the steps marked in it:
+  engine/outmarks.py; the headless front copying output.log to its stdout, a file here);
 - ``no-parse``: the same with ``--no-parse-output``, which tells the parser's own share
   (no parse, no marks; the engine's own instrumentation of each step stays).
 
@@ -22,7 +22,7 @@ The script times its own loop (steps/s from its first to its last step, without 
 of the interpreter), so a ratio is throughput against plain: 1.00 is no cost, 0.95 is 5%
 slower. It also checks what ptdash stored: every validation value, and how many are at
 the step they were printed at (all of them: the output is marked, engine/outmarks.py). Last, the parser's
-own CPU time over the same bytes, in this process: what it takes from the relay's thread
+own CPU time over the same bytes, in this process: what it takes from the relay's copier
 whatever the machine's load.
 
     OMP_NUM_THREADS=1 python benchmarks/printed_output.py [--mb 200] [--rounds 3] [--width 32]
@@ -135,7 +135,7 @@ def _stored(run_dir: Path) -> dict:
 
 
 def parser_cpu(mb: float) -> tuple[float, int]:
-    """The parser's own CPU time (engine/printed.py) over the byte stream the workload prints,
+    """The parser's own CPU time (engine/printread.py) over the byte stream the workload prints,
     fed in the relay's 64 KB reads, in this process: seconds, and the values it found."""
     from ptdash.printed import PrintedMetrics
 
@@ -271,7 +271,7 @@ def main() -> None:
     loop = statistics.median(steps / rate for steps, rate in zip(counts["plain"], rates["plain"]))
     print(f"the parser's own CPU over the same {args.mb:g} MB, in 64 KB reads: {spent:.2f} s ({found:,} values "
           f"found), {spent / args.mb * 1e3:.1f} ms per MB: {100 * spent / loop:.1f}% of the plain run's "
-          f"{loop:.0f} s loop, on the relay's thread")
+          f"{loop:.0f} s loop, in the relay's copier, not the training process")
 
 
 def shutil_rmtree(path: Path) -> None:

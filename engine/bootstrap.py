@@ -142,7 +142,7 @@ def main() -> int:
         return 2
     run_dir, config = _run_dir(argv)
     link = EngineLink.from_env()
-    relay = OutputRelay.start(run_dir, link)
+    relay = OutputRelay.start(run_dir, link, parse=config.parse_output)
     try:
         engine = Engine(run_dir, config)
         if relay is not None:

@@ -24,6 +24,9 @@ wrapper costs a Python call per write. A mark waits for room in the pipe as the 
 own write would, where the script wrote in the step; a T mark for others' output only is
 written without blocking (a full pipe skips it to the next boundary). The marks carry a random
 prefix of this process's, so no output can be taken for one.
+
+A third kind, **S(n)**, is the relay's own, written once fds 1 and 2 are output.log again
+(``sync_mark``): the copier (outproc.py) answers it once everything before it is copied and read.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import sys
 
 PREFIX_LEN = 16
 MARK_LEN = PREFIX_LEN + 9
-"""The prefix, the kind (F or T) and the step, 8 bytes big-endian."""
+"""The prefix, the kind (F, T or S) and the step (S: a number), 8 bytes big-endian."""
 _STEP = struct.Struct(">q")
 
 _LIVE: list[Marks] = []
@@ -48,6 +51,11 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
+
+
+def sync_mark(prefix: bytes, n: int) -> bytes:
+    """The S mark ``n``: the copier says when it has read this far."""
+    return prefix + b"S" + _STEP.pack(n)
 
 
 def new_prefix() -> bytes:
@@ -176,7 +184,7 @@ def _no_mark(step: int) -> None:
 
 
 class Splitter:
-    """The reading side, on the relay's thread: each read's bytes without the marks, in
+    """The reading side, in the relay's copier: each read's bytes without the marks, in
     pieces, each with the step its bytes were written at. ``now()``: the step in progress
     (read after the bytes were, so an upper bound of their step)."""
 
@@ -189,6 +197,8 @@ class Splitter:
         """Whether the newest mark is an F mark: the bytes after it were written at its step."""
         self.held = b""
         """The start of a mark the read cut off, put before the next read's bytes."""
+        self.syncs: list[int] = []
+        """The S marks read and not yet answered."""
 
     def split(self, data: bytes) -> list[tuple[int, bytes]]:
         """``data`` (a read of the pipe) as ``(step, bytes)`` pieces, in order, without marks."""
@@ -209,6 +219,13 @@ class Splitter:
                 break
             kind = data[at + PREFIX_LEN:at + PREFIX_LEN + 1]
             step = _STEP.unpack_from(data, at + PREFIX_LEN + 1)[0]
+            if kind == b"S":
+                if at > start:
+                    pieces.append((self._run_step(now, None), data[start:at]))
+                self.syncs.append(step)
+                start = at + MARK_LEN
+                at = data.find(prefix, start)
+                continue
             if at > start:
                 pieces.append((self._run_step(now, step - 1 if kind == b"T" else step), data[start:at]))
             self._step, self._exact = step, kind == b"F"

@@ -1,55 +1,50 @@
-"""The script's stdout and stderr, relayed so that a full disk never fails a ``print``.
+"""The script's stdout and stderr, relayed so that a full disk never fails a ``print``, and
+read for the metrics it prints.
 
 The ``ptdash`` command starts the engine with stdout and stderr on output.log. Written
 there directly, a full disk makes the script's own ``print`` raise and kills the run.
-Instead, fds 1 and 2 become a pipe that a thread of this process (``ptdash-output``)
-copies to output.log. What the file cannot take is counted, handed to the headless
-front over its link (so it still streams), and the full disk is named once.
+Instead, fds 1 and 2 become a pipe whose reader, the copier (outproc.py: a process of its
+own, so that neither its reads nor the parse take the training thread's GIL), copies it
+to output.log and reads it for metrics. What the file cannot take is counted, handed to
+the headless front over its link (so it still streams), and the full disk is named once.
 
-The pipe's reader lives as long as the writers that matter (the script's own process),
-so a print never meets a closed pipe; a relay thread that is slow costs at most the
-pipe's buffer before the script's writes wait, as a slow disk would.
+Here, a thread (``ptdash-output``) applies what the copier says: a metric found, bytes
+read in a step (``StepState.out_dirty``), a full disk. It sleeps on the copier's pipe
+otherwise. The pipe's read end stays open here too, so a print never meets a closed pipe:
+should the copier die (or fail to start), that thread copies in its place. A copier that
+is slow costs at most the pipe's buffer before the script's writes wait, as a slow disk would.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
-import select
-import struct
+import subprocess
 import sys
-import termios
 import threading
-import time
 
-from .outmarks import Marks, Splitter
+from .outmarks import Marks, new_prefix, sync_mark
+from .outproc import Copier, read_frames
 from .shared import diskspace
 
 log = logging.getLogger("ptdash.output")
 
 ENV = "PTDASH_OUTPUT_RELAY"
 """Set by the ``ptdash`` command when fds 1 and 2 are output.log."""
-BATCH_S = 0.1
-"""Longest the output is held for the parser before output.log gets it."""
-BATCH_BYTES = 1 << 18
-"""Most output held for the parser at once."""
-READ_BYTES = 1 << 16
-"""Most bytes a read takes: a flood comes in reads of this, one batch for the parser each
-few (BATCH_BYTES), so that a line printed every few dozen steps is never a frequent one
-there (printread.FREQUENT)."""
 PIPE_BYTES = 1 << 20
 """The pipe's size asked for (Linux's most for a user, by default): a flood waits less for the relay."""
-NAP_S = 0.005
-"""After a read that found the pipe far from full, how long the relay waits before the next:
-each read takes the GIL from the training thread, and a script printing at every step
-would otherwise hand it over at every write."""
+SYNC_S = 5.0
+"""How long ``close`` waits for the copier to have copied what was written before it."""
 
 
 class OutputRelay:
-    """Copies the script's output from a pipe to output.log; see the module docstring."""
+    """Fds 1 and 2 on a pipe that the copier reads; see the module docstring. ``to_file``:
+    write output.log itself (a rank ptdash did not start); ``parse``: read the output for
+    metrics; ``process``: the copier in a process of its own (else on this process's thread)."""
 
-    def __init__(self, run_dir, link=None, to_file: bool = False) -> None:
+    def __init__(self, run_dir, link=None, to_file: bool = False, parse: bool = True, process: bool = True) -> None:
         self.run_dir = run_dir
         self.link = link
         self.unwritten = 0
@@ -62,39 +57,34 @@ class OutputRelay:
         self._restore = os.dup(1) if to_file else self._log
         """What fds 1 and 2 are again when the relay closes."""
         os.set_inheritable(self._restore, False)
-        read, write = os.pipe()
-        self._read = read
-        _grow(write)
-        os.dup2(write, 1)
-        os.dup2(write, 2)
-        self._write_end = write
-        """The pipe's own write end, for the marks (``follow``); closed with the relay."""
-        self._failing = False
+        self._read, self._write_end = os.pipe()
+        """The pipe's ends: the read end kept for a copier here; the write end for the marks
+        (``follow``) and the sync at ``close``."""
+        _grow(self._write_end)
+        self.prefix = new_prefix()
+        """The marks' prefix, the copier's to take out."""
+        self._parse = parse
         self.printed = None
-        """The metrics the script prints (printed.PrintedMetrics, given by ``follow``):
-        what is copied is shown to it, on this thread, never the training thread: at once
-        after a quiet while, else in batches (at most one each BATCH_S, or BATCH_BYTES): a
-        parse has a fixed cost, and a script printing at every step would pay it at every
-        step, taken from the training thread as the GIL."""
-        self._marks: Marks | None = None
-        self._split: Splitter | None = None
+        """The metrics the script prints (printed.PrintedMetrics, given by ``follow``)."""
         self._state = None
-        self._held: list[tuple[int, bytes]] = []
-        self._size = 0
-        self._due = self._last = 0.0
-        """When the held output is due to the parser; when it last got some."""
-        self._lock = threading.Lock()
-        os.set_blocking(read, False)
-        self._thread = threading.Thread(target=self._loop, name="ptdash-output", daemon=True)
+        self._marks: Marks | None = None
+        self._synced = threading.Event()
+        self._ended = False
+        self._closing = False
+        self.copier: subprocess.Popen | None = self._spawn() if process else None
+        os.dup2(self._write_end, 1)
+        os.dup2(self._write_end, 2)
+        target = self._receive if self.copier is not None else self._copy_here
+        self._thread = threading.Thread(target=target, name="ptdash-output", daemon=True)
         self._thread.start()
 
     @classmethod
-    def start(cls, run_dir, link=None) -> OutputRelay | None:
+    def start(cls, run_dir, link=None, parse: bool = True) -> OutputRelay | None:
         """Relay fds 1 and 2 when the ``ptdash`` command put them on output.log."""
         if os.environ.pop(ENV, None) != "1" or run_dir is None:
             return None
         try:
-            return cls(run_dir, link)
+            return cls(run_dir, link, parse=parse)
         except OSError:
             log.exception("cannot relay the script's output; it goes to output.log directly")
             return None
@@ -109,118 +99,114 @@ class OutputRelay:
             log.exception("cannot relay this rank's output; its printed metrics are not read")
             return None
 
+    def _spawn(self) -> subprocess.Popen | None:
+        """The copier's process, reading the pipe; None where it cannot start (a thread copies)."""
+        back, back_write = os.pipe()
+        try:
+            with open(os.path.join(self.run_dir, "engine.log"), "ab") as errors:  # its own errors, if any
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "ptdash.outproc", str(self._read), str(self._log), str(back_write),
+                     self.prefix.hex(), "1" if self._parse else "0"],
+                    pass_fds=(self._read, self._log, back_write), stdin=subprocess.DEVNULL, stdout=errors,
+                    stderr=errors, start_new_session=True, cwd="/")  # it holds no directory of the user's
+        except OSError:
+            log.exception("cannot start the output relay's process; a thread of this one copies the output")
+            os.close(back)
+            return None
+        finally:
+            os.close(back_write)
+        self._back = back
+        return proc
+
     def follow(self, printed, state) -> None:
         """Read the output for the metrics it prints (``printed``: printed.PrintedMetrics),
         each line at the step it was written at: the output is marked (outmarks.py) by the
         script's streams and at the steps' boundaries (``state``: stepstate.StepState)."""
         if printed is None:
             return
-        with self._lock:
-            try:
-                self._marks = Marks(self._write_end, state)
-            except OSError:
-                log.exception("cannot mark the script's output: its lines are kept at the step they are read at")
-                self._split = None
-            else:
-                self._split = Splitter(self._marks.prefix, printed.now)
-            self._state = state
-            self.printed = printed
-
-    def _loop(self) -> None:
-        while True:
-            # With a batch held for the parser, wait no longer than it may be held.
-            timeout = max(0.0, self._due - time.monotonic()) if self._held else None
-            try:
-                ready = select.select([self._read], [], [], timeout)[0]
-            except InterruptedError:
-                continue
-            except (OSError, ValueError):
-                self._release()
-                return
-            # Read and written under the lock: close() then knows that an empty pipe
-            # means everything written before it has been handled.
-            with self._lock:
-                if not ready:
-                    self._release()
-                    continue
-                try:
-                    data = os.read(self._read, READ_BYTES)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    self._release()
-                    return
-                if not data:
-                    self._release()
-                    return
-                self._take(data)
-            if len(data) < READ_BYTES >> 2:
-                time.sleep(NAP_S)
-
-    def _take(self, data: bytes) -> None:
-        """A read's bytes: to output.log, through the parser where there is one. Under the lock."""
-        if self.printed is None:
-            self._write(data)
-            return
-        pieces = self._pieces(data)
-        if not pieces:  # marks alone
-            return
-        if not self._held:  # output after a quiet while is read at once, a flood in batches
-            self._due = self._last + BATCH_S
-        self._held += pieces
-        self._size += len(data)
-        if self._size >= BATCH_BYTES or time.monotonic() >= self._due:
-            self._release()
-
-    def _pieces(self, data: bytes) -> list[tuple[int, bytes]]:
-        """A read's bytes, without marks, in pieces each with the step it was written at."""
-        split = self._split
-        if split is None:
-            return [(self.printed.now(), data)]  # at the step in progress when read
-        pieces = split.split(data)
-        if split.held and not _unread(self._read):  # a mark's rest would be in the pipe: the script's bytes
-            pieces += split.release()
-        if pieces:
-            self._state.out_dirty = True  # the next boundary marks where the bytes of this step end
-        return pieces
-
-    def _release(self) -> None:
-        """The output held for the parser: read for metrics (each piece at the step it was
-        read at; output.log, which a script may wait on, is written after). Under the lock."""
-        if not self._held:
-            return
-        held, self._held, self._size, self._last = self._held, [], 0, time.monotonic()
-        printed = self.printed
-        if printed is not None:
-            printed.feed_pieces(held)  # never raises: the output goes on whatever a line holds
-        self._write(b"".join(data for _, data in held))
-
-    def _write(self, data: bytes) -> None:
-        view = memoryview(data)
+        self._state = state
+        self.printed = printed
         try:
-            while view:
-                view = view[os.write(self._log, view):]
-        except OSError as exc:
-            rest = bytes(view)
-            self.unwritten += len(rest)
-            if self.link is not None:
-                self.link.output(rest)
-            if not self._failing:
-                self._failing = True
-                if diskspace.is_full(exc):
-                    diskspace.NOTICE.full(self.run_dir, "output.log cannot be written: the script's output "
-                                                        "still streams to the front, and what is not written is counted")
-                else:
-                    diskspace.NOTICE.say(f"output.log cannot be written ({exc}): the script's output still "
-                                         "streams to the front, and what is not written is counted")
-            return
-        if self._failing:
-            self._failing = False
-            diskspace.NOTICE.room_again(f"output.log is written again; {self.unwritten} bytes of the script's "
-                                        "output could not be written to it")
+            self._marks = Marks(self._write_end, state, prefix=self.prefix)
+        except OSError:
+            log.exception("cannot mark the script's output: its lines are kept at the step they are read at")
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Point fds 1 and 2 back at output.log, copy what the pipe still holds, say what was lost."""
+    # ------------------------------------------------------------- the relay's thread
+
+    def _receive(self) -> None:
+        """The copier's frames, applied; at their end (the copier gone), the copying goes on here."""
+        for kind, body in read_frames(self._back):
+            try:
+                if kind == b"D":
+                    self.dirty()
+                elif kind == b"V":
+                    step, found, line = json.loads(body)
+                    self.take([tuple(pair) for pair in found], self._now() if step is None else step, line)
+                elif kind == b"O":
+                    self.unwritten_bytes(body)
+                elif kind == b"N":
+                    self.notice(*json.loads(body))
+                elif kind == b"S":
+                    self.synced(int(body))
+                elif kind == b"E":
+                    self.ended()
+            except Exception:  # noqa: BLE001 - a frame must not end the relay
+                log.exception("the output relay's frame %r could not be applied", kind)
+        os.close(self._back)
+        if self._ended:
+            return  # it copied to the pipe's end: no writer is left
+        try:  # a script that reaps every child (SIGCHLD ignored) leaves no code to read
+            code = self.copier.wait(1.0)
+        except subprocess.TimeoutExpired:
+            code = "unknown"
+        log.warning("the output relay's process ended (exit code %s); a thread of this one copies the output", code)
+        self._copy_here()
+
+    def _copy_here(self) -> None:
+        Copier(self._read, self._log, self.prefix, self, parse=self._parse, now=self._now).run()
+
+    def _now(self) -> int:
+        printed = self.printed
+        return printed.now() if printed is not None else 0
+
+    # The sinks of a Copier (outproc.py), called by the frames or by a Copier on this thread.
+
+    def take(self, found: list, step: int, line: str) -> None:
+        if self.printed is not None:
+            self.printed.take(found, step, line)
+
+    def dirty(self) -> None:
+        if self._marks is not None:
+            self._state.out_dirty = True  # the next boundary marks where the bytes of this step end
+
+    def unwritten_bytes(self, data: bytes) -> None:
+        self.unwritten += len(data)
+        if self.link is not None:
+            self.link.output(data)
+
+    def notice(self, kind: str, text: str) -> None:
+        if kind == "full":
+            diskspace.NOTICE.full(self.run_dir, text)
+        elif kind == "room":
+            diskspace.NOTICE.room_again(text)
+        else:
+            diskspace.NOTICE.say(text)
+
+    def synced(self, n: int) -> None:
+        self._synced.set()
+
+    def ended(self) -> None:
+        self._ended = True
+
+    # ------------------------------------------------------------- the end
+
+    def close(self, timeout: float = SYNC_S) -> None:
+        """Point fds 1 and 2 back at output.log, wait until what was written before is copied
+        and read, say what was lost. A process the script left running (persistent DataLoader
+        workers) may hold the pipe still: what it writes later is copied as it comes."""
+        if self._closing:
+            return
+        self._closing = True
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -230,22 +216,13 @@ class OutputRelay:
             self._marks.close()
         os.dup2(self._restore, 1)
         os.dup2(self._restore, 2)
+        try:
+            os.write(self._write_end, sync_mark(self.prefix, 1))
+        except OSError:
+            pass
         os.close(self._write_end)
-        # Copy what was written before now. End-of-file would wait for every writer, and a
-        # process the script left running (persistent DataLoader workers) may hold the
-        # pipe: the thread goes on copying what such a process writes later.
-        deadline = time.monotonic() + timeout
-        while self._thread.is_alive() and time.monotonic() < deadline:
-            with self._lock:
-                if not _unread(self._read):
-                    break
-            time.sleep(0.005)
-        with self._lock:
-            if self._split is not None and self._split.held:
-                self._held += self._split.release()
-            self._release()
-            if self.printed is not None:
-                self.printed.finish()  # an unfinished last line counts as it stands
+        if not self._synced.wait(timeout):
+            log.warning("the output relay did not copy the output to its end within %g s", timeout)
         if self.unwritten:
             diskspace.NOTICE.say(f"{diskspace.fmt_bytes(self.unwritten)} ({self.unwritten} bytes) of the script's "
                                  "output could not be written to output.log")
@@ -259,11 +236,3 @@ def _grow(fd: int) -> None:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
     except (OSError, AttributeError):  # a smaller limit, or not Linux: 64 KB
         pass
-
-
-def _unread(fd: int) -> int:
-    """Bytes waiting in a pipe."""
-    try:
-        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-    except OSError:
-        return 0

@@ -10,9 +10,11 @@ more) and then kills the run; a second signal kills it after KILL_WAIT_S whateve
 engine says. A run that answered is never killed for being slow: its checkpoint may
 take minutes.
 
-Before the kill, what the script wrote that the engine's output relay (a thread in the
-same process, as stuck as the rest) could not copy is read from the pipe and appended
-to output.log: the last lines before a hang are the ones a user needs.
+The last lines before a hang are the ones a user needs. The output relay's copier
+(engine/outproc.py) is a process of its own, not as stuck as the rest: the kill leaves it
+to copy what waits in the pipe to the pipe's end (COPIER_WAIT_S), then it ends by itself.
+Without one (the copier on a thread of the engine, as stuck as the rest), or where it does
+not end in time, what waits in the pipes is read from here and appended to output.log.
 """
 
 from __future__ import annotations
@@ -28,13 +30,17 @@ from ptdash.shared import rundir
 from ptdash.shared.exits import STOP_GRACE_S
 from ptdash.shared.protocol import ENDED
 
-_MARK = re.compile(rb"\x00\x1b.{14}[FT].{8}", re.DOTALL)
+_MARK = re.compile(rb"\x00\x1b.{14}[FTS].{8}", re.DOTALL)
 """The step marks engine/outmarks.py puts in the pipe (a prefix of two bytes no text holds
 and 14 random ones, F or T, the step): the relay takes them out, and so does a drain."""
 UNANSWERED_S = 10.0
 """Past the stop grace period, how long a stop may go unanswered before the run is killed."""
 KILL_WAIT_S = 3.0
 """How long a second signal's kill command may take before the run is killed from here."""
+COPIER_WAIT_S = 5.0
+"""How long the output relay's copier may take to copy the pipe to its end once its writers are killed."""
+COPIER = b"ptdash.outproc"
+"""What the copier's command line holds (``python -m ptdash.outproc READ ...``)."""
 
 
 class HardStop:
@@ -92,16 +98,47 @@ def make_kill_good(run_dir: Path, why: str, by: str) -> bool | None:
 
 
 def kill_tree(root: int, log_path: Path) -> int:
-    """SIGKILL ``root`` and every process under it, after appending to ``log_path`` what waits
-    in the pipes their stdout and stderr are; the bytes kept."""
+    """SIGKILL ``root`` and every process under it but the output relay's copier, which
+    copies the pipe to its end once they are gone; where there is none, or it does not end
+    within COPIER_WAIT_S, what waits in the pipes is appended to ``log_path`` from here
+    first. The bytes kept from here."""
     pids = _tree(root)
-    kept = _drain(pids, log_path)
+    copiers = {pid: fd for pid in pids if (fd := _copier_fd(pid)) is not None}
+    writers = [pid for pid in pids if pid not in copiers]
+    kept = 0 if copiers else _drain(writers, log_path)
+    _kill(writers)
+    deadline = time.monotonic() + COPIER_WAIT_S
+    while any(alive(pid) for pid in copiers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid, fd in copiers.items():
+        if alive(pid):  # stuck: what it has not read is read from here, then it goes too
+            kept += _copy_pipe(f"/proc/{pid}/fd/{fd}", log_path)
+            _kill([pid])
+    return kept
+
+
+def _kill(pids: list[int]) -> None:
     for pid in reversed(pids):  # the children first: none is left orphaned, running on
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    return kept
+
+
+def _copier_fd(pid: int) -> int | None:
+    """The pipe's read end in the output relay's copier ``pid`` (its first argument); None
+    when ``pid`` is not a copier."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return None
+    if COPIER not in argv:
+        return None
+    try:
+        return int(argv[argv.index(COPIER) + 1])
+    except (IndexError, ValueError):
+        return None
 
 
 def alive(pid: int) -> bool:
