@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import threading
+import warnings
 
 from .outmarks import Marks, new_prefix, sync_mark
 from .outproc import Copier, read_frames
@@ -69,7 +70,8 @@ class OutputRelay:
         self._state = None
         self._marks: Marks | None = None
         self._synced = threading.Event()
-        self._ended = False
+        self.reached_end = False
+        """Whether the copier copied to the pipe's end (no writer left), as it says last."""
         self._closing = False
         self.copier: subprocess.Popen | None = self._spawn() if process else None
         os.dup2(self._write_end, 1)
@@ -153,12 +155,14 @@ class OutputRelay:
             except Exception:  # noqa: BLE001 - a frame must not end the relay
                 log.exception("the output relay's frame %r could not be applied", kind)
         os.close(self._back)
-        if self._ended:
+        proc, code = self.copier, "unknown"
+        if proc is not None:
+            try:  # it exits at once after its last frame; a script that reaps every child leaves no code
+                code = proc.wait(1.0)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.reached_end:
             return  # it copied to the pipe's end: no writer is left
-        try:  # a script that reaps every child (SIGCHLD ignored) leaves no code to read
-            code = self.copier.wait(1.0)
-        except subprocess.TimeoutExpired:
-            code = "unknown"
         log.warning("the output relay's process ended (exit code %s); a thread of this one copies the output", code)
         self._copy_here()
 
@@ -196,7 +200,7 @@ class OutputRelay:
         self._synced.set()
 
     def ended(self) -> None:
-        self._ended = True
+        self.reached_end = True
 
     # ------------------------------------------------------------- the end
 
@@ -223,11 +227,25 @@ class OutputRelay:
         os.close(self._write_end)
         if not self._synced.wait(timeout):
             log.warning("the output relay did not copy the output to its end within %g s", timeout)
+        self._let_go()
         if self.unwritten:
             diskspace.NOTICE.say(f"{diskspace.fmt_bytes(self.unwritten)} ({self.unwritten} bytes) of the script's "
                                  "output could not be written to output.log")
         if self.link is not None:
             self.link.flush()
+
+
+    def _let_go(self) -> None:
+        """A copier that outlives the close (a process the script left running holds the pipe)
+        is let go, to end when the pipe does: its Popen dropped without the ResourceWarning
+        a running child's gets (subprocess keeps it, to be reaped later)."""
+        if self.copier is None:
+            return
+        self._thread.join(0.2)  # the copier's last frame, and the thread's wait for its exit
+        if self.copier.returncode is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)
+                self.copier = None
 
 
 def _grow(fd: int) -> None:
