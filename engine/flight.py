@@ -2,6 +2,8 @@
 
 Each process group records its collectives in a ring buffer whose size torch reads from
 ``TORCH_FR_BUFFER_SIZE`` (or ``TORCH_NCCL_TRACE_BUFFER_SIZE``) when the group is made; 0 is off.
+NCCL's groups record in a recorder of their own (its entries hold CUDA events), dumped by a call
+of its own; ``read`` takes both and reads them as one.
 torch 2.13 keeps 2000 by default (measured here); older releases may keep none (not tried here).
 ptdash sets neither: the recorder is the one torch or the user made (a job's own dumps on a
 timeout keep their history). ``read`` takes the newest entries per group
@@ -62,18 +64,43 @@ def parse(dump: dict, keep: int = KEEP) -> Flight:
     return Flight(entries=tuple(newest), groups=groups)
 
 
+DUMPERS = ("_dump_fr_trace_json", "_dump_nccl_trace_json")  # gloo's and the CPU backends'; NCCL's own
+
+
+def _dumps() -> list[dict]:
+    """Every recorder's dump this torch can make: NCCL keeps a recorder of its own (CUDA events),
+    read by its own call; a build without NCCL has only the first."""
+    import torch._C._distributed_c10d as c10d
+
+    dumpers = [getattr(c10d, name) for name in DUMPERS if hasattr(c10d, name)]
+    if not dumpers:
+        raise ImportError("no flight recorder")
+    return [d for d in (json.loads(dump(True, False)) for dump in dumpers) if isinstance(d, dict)]
+
+
+def merged(dumps: list[dict]) -> dict:
+    """The dumps as one: their entries (an entry two dumps both hold counted once) and groups."""
+    seen, entries, status = set(), [], {}
+    for dump in dumps:
+        for raw in dump.get("entries") or ():
+            key = (str(raw.get("pg_id")), raw.get("is_p2p"), raw.get("collective_seq_id"), raw.get("p2p_seq_id"),
+                   raw.get("time_created_ns")) if isinstance(raw, dict) else id(raw)
+            if key not in seen:
+                seen.add(key)
+                entries.append(raw)
+        status.update(dump.get("pg_status") or {})
+    return {"entries": entries, "pg_status": status}
+
+
 def read(keep: int = KEEP) -> Flight:
-    """This process's flight recorder now: its newest entries per group, or a note why none."""
+    """This process's flight recorders now: their newest entries per group, or a note why none."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return Flight(note=NO_GROUP)
     try:
-        from torch._C._distributed_c10d import _dump_fr_trace_json
+        flight = parse(merged(_dumps()), keep)
     except ImportError:
         return Flight(note="this torch has no flight recorder")
-    try:
-        dump = json.loads(_dump_fr_trace_json(True, False))
-        flight = parse(dump, keep) if isinstance(dump, dict) else Flight()
     except Exception as exc:  # noqa: BLE001 - the stacks are taken all the same
         return Flight(note=f"the flight recorder could not be read: {type(exc).__name__}: {exc}")
     if not flight.entries and not flight.groups:

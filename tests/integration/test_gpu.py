@@ -105,3 +105,34 @@ def test_a_cuda_snapshot_restores_bit_identically():
     state = opt.state_dict()["state"]
     assert all(torch.equal(v, state[i][k].to(v.device)) for i, s in expected[1].items() for k, v in s.items())
     assert sched.state_dict() == expected[2]
+
+
+@pytest.mark.skipif(not torch.distributed.is_nccl_available(), reason="needs NCCL")
+def test_stacks_read_the_nccl_flight_recorder(tmp_path):
+    """NCCL's process groups keep a flight recorder of their own: a take reads it beside the frames."""
+    import json
+
+    from ptdash.shared.stacks import read
+    from support.runner import Run, wait_for
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    run = Run(tmp_path, SCRIPTS / "nccl_one_rank.py", "--hold", str(hold), "--at", "10")
+    try:
+        wait_for(lambda: "holding" in (tmp_path / "cli.out").read_text() or run.proc.poll() is not None, 120,
+                 what="the script to hold at step 10")
+        done = ptdash("stacks", str(run.run_dir), "--json", cwd=tmp_path, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        (rank,) = read(json.loads(done.stdout)["ranks"])
+        entries = rank.flight.entries
+        assert rank.flight.note == "" and entries, rank.flight
+        assert all(e.op.startswith("nccl:") for e in entries), entries
+        last = entries[-1]
+        assert (last.op, last.sizes, last.dtypes) == ("nccl:all_reduce", ((25,),), ("Float",)), entries
+        assert sum(e.op == "nccl:all_reduce" and e.sizes != ((25,),) for e in entries) >= 2  # DDP's reducer's
+        assert any(c.group == last.group and c.enqueued == last.seq for c in rank.flight.groups), rank.flight.groups
+    finally:
+        hold.unlink(missing_ok=True)
+        wait_for(lambda: run.proc.poll() is not None, 120, what="the run to end")
+        run.close()
+    assert "NCCL OK" in (tmp_path / "cli.out").read_text()
