@@ -313,7 +313,7 @@ def make_gpt(total_steps: int) -> Workload:
             self.head.weight = self.tok.weight
 
         def forward(self, idx):
-            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
             return self.head(self.ln_f(self.blocks(x)))
 
     gen = torch.Generator().manual_seed(0)
