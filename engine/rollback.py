@@ -64,6 +64,7 @@ class Rollback:
         self.refresh_s = 0.0
         self.loss = Window()
         self.norm = Window()
+        self._norm_before: float | None = None  # the newest good norm the training thread judged
         self.at_step = False
         """Whether every step is judged before its update (the state is on CPU)."""
         self.judging = False
@@ -199,7 +200,9 @@ class Rollback:
     step_seconds: Callable[[], float] = staticmethod(lambda: 0.0)
     """The recent step time (the engine sets it)."""
 
-    def _promote(self) -> None:
+    def _promote(self, wait: bool = False) -> None:
+        if wait and self.pending.done is not None:
+            self.pending.done.synchronize()  # issued a flush or an exchange ago: long landed, as a rule
         self.good, self._spare, self.pending = self.pending, self.good, None
 
     def _stop_keeping(self, why: str) -> None:
@@ -219,8 +222,10 @@ class Rollback:
             value = loss if type(loss) is float else loss.item() if loss.is_cpu else None
             if value is not None and value > self.loss.limit:
                 return f"loss spike: {value:.4g} over the limit {self.loss.limit:.4g} of its recent values"
-        if norm is not None and norm > self.norm.limit:
+        if norm is not None and self.norm.over(norm, self._norm_before):
             return f"gradient norm spike: {norm:.4g} over the limit {self.norm.limit:.4g} of its recent values"
+        if norm is not None:
+            self._norm_before = norm
         return None
 
     def before_update(self, step: int, why: str) -> None:
@@ -258,11 +263,14 @@ class Rollback:
             return f"nothing to roll back to: {self.off}"
         if not self._discovery.live(self._discovery.optimizers):  # steps ptdash infers (manual.py)
             return "nothing to roll back to: the script updates its parameters itself (no torch.optim optimizer)"
-        return f"nothing to roll back to yet: the first snapshot is taken at step {self.every}"
+        return ("nothing to roll back to yet: no snapshot before the bad step was known sound" if self._noted
+                else f"nothing to roll back to yet: the first snapshot is taken at step {self.every}")
 
     def restore(self, step: int, first: int, why: str) -> None:
         """Put the good state back and drop the gradients of the update of ``step``."""
         self.wanted, self._dropped = None, step
+        if self.local and self.pending is not None and self.pending.step <= min(self.verified, first - 1):
+            self._promote(wait=True)  # the flush that found the bad step judged every step up to it
         if self.pending is not None:  # taken after the bad step, perhaps: never promoted
             self._spare, self.pending = self.pending, None
         self._close_exclusion(first, step)
@@ -338,12 +346,12 @@ class Rollback:
     def agreed(self, verdict: list, step: int) -> None:
         """The exchange's verdict, the same on every rank: roll back, or promote."""
         why, through, first = verdict
+        bad = first if first is not None else step + 1
+        sound = through if not why or through is None else min(through, bad - 1)  # the newest step judged good
+        if self.pending is not None and sound is not None and self.pending.step <= sound:
+            self._promote(wait=True)  # every rank judged it sound; a rollback the same verdict asks goes to it
         if why:
-            self.restore(step + 1, first if first is not None else step + 1, why)
-        elif self.pending is not None and through is not None and self.pending.step <= through:
-            if self.pending.done is not None:
-                self.pending.done.synchronize()  # issued an exchange ago: long landed; every rank promotes
-            self._promote()
+            self.restore(step + 1, bad, why)
 
     # ------------------------------------------------------------ flusher thread
 
@@ -359,7 +367,7 @@ class Rollback:
                 why = "non-finite loss or gradient" if nonfinite else \
                     f"loss spike: {loss:.4g} over the limit {self.loss.limit:.4g}" if loss is not None and \
                     self.loss.over(loss) else f"gradient norm spike: {norm:.4g} over the limit {self.norm.limit:.4g}" \
-                    if norm is not None and self.norm.over(norm) else None
+                    if norm is not None and self.norm.over(norm, self.norm.newest) else None
                 if why is not None:
                     self._exclude(step)
                     self.wanted, self.due = (step, why), True
