@@ -7,7 +7,11 @@ window's highest value, whichever is higher. A falling loss (warm-up) keeps its 
 above the new values, and a heavy-tailed one (reinforcement learning, where a few batches
 in a hundred are 5x the median) sets its own highest value, so neither trips it; a ratio to a running average (3x)
 trips on both. A bad shard's batch, orders of magnitude off, trips it. Only values above count: a loss that
-drops is never a spike. Pure Python, no torch: the flusher updates the limits from host
+drops is never a spike. A gradient norm must also have jumped there: be TAIL times as far above the
+median as the good norm before it. A norm that climbs 1.25x a step for ten steps as a model starts
+to fit ends far above a limit taken a few steps earlier, yet no step of it is a jump (seen on a GPU,
+where a flush judges hundreds of rows against the limits before them). A loss is judged by the limit
+alone: the training thread reads a CPU loss against it and nothing more. Pure Python, no torch: the flusher updates the limits from host
 values, and the training thread compares a float with them.
 """
 
@@ -32,13 +36,18 @@ WARMUP = 32
 def limit(values) -> float:
     """The value above which one is a spike, given the good ``values`` before it (inf when
     there are fewer than WARMUP)."""
+    return limits(values)[0]
+
+
+def limits(values) -> tuple[float, float]:
+    """``(limit, median)`` of the good ``values``: ``(inf, nan)`` when there are fewer than WARMUP."""
     if len(values) < WARMUP:
-        return math.inf
+        return math.inf, math.nan
     ordered = sorted(values)
     median = _median(ordered)
     mad = _median(sorted(abs(v - median) for v in ordered))
     spread = max(1.4826 * mad, FLOOR * abs(median), 1e-12)
-    return max(median + SPIKE_Z * spread, median + TAIL * (ordered[-1] - median))
+    return max(median + SPIKE_Z * spread, median + TAIL * (ordered[-1] - median)), median
 
 
 def _median(ordered: list[float]) -> float:
@@ -53,6 +62,7 @@ class Window:
     def __init__(self, size: int = WINDOW) -> None:
         self.values: collections.deque[float] = collections.deque(maxlen=size)
         self.limit = math.inf
+        self.median = math.nan
         self._added = 0
 
     def add(self, value: float) -> None:
@@ -66,16 +76,25 @@ class Window:
     def update(self) -> float:
         """Take the limit from the values so far (the flusher, once a flush); one set before
         (by ``early``) stays until this window has values enough to judge."""
-        found = limit(self.values)
+        found, median = limits(self.values)
         if found < math.inf:
-            self.limit = found
+            self.limit, self.median = found, median
         return self.limit
 
     def early(self, values: list[float]) -> None:
         """A first limit from ``values`` (the training thread, before the flusher has one)."""
-        found = limit(values)
+        found, median = limits(values)
         if found < self.limit:
-            self.limit = found
+            self.limit, self.median = found, median
 
-    def over(self, value: float) -> bool:
-        return value > self.limit
+    @property
+    def newest(self) -> float | None:
+        """The newest good value, or None."""
+        return self.values[-1] if self.values else None
+
+    def over(self, value: float, before: float | None = None) -> bool:
+        """Whether ``value`` is a spike: over the limit, and, given ``before`` (the newest good
+        value), TAIL times as far above the median as that one: a jump, not a climb. (A gradient
+        norm that grows 1.25x a step for ten steps as a model starts to fit is no spike, yet it
+        ends far above a limit taken a few steps before.)"""
+        return value > self.limit and (before is None or value - self.median > TAIL * (before - self.median))

@@ -58,3 +58,59 @@ def test_the_rows_of_one_flush_are_judged_by_the_values_before_them():
         if not judged[-1]:
             window.add(value)
     assert judged.index(True) == 100 and judged.count(True) == 1
+
+
+def _climb() -> list[float]:
+    """A gradient norm as cuda_sync_free.py's model starts to fit (measured): flat and falling,
+    then 1.25x a step for ten steps (0.106 to 0.938), then back down."""
+    rng = random.Random(1)
+    flat = [0.2 - 0.0015 * i + 0.004 * rng.random() for i in range(60)]
+    return flat + [0.106 * 1.25 ** i for i in range(11)] + [0.746, 0.425, 0.743, 1.187, 1.091, 0.768, 0.459]
+
+
+def _flush_judged(series, jump: bool) -> list[int]:
+    """Judged as the flusher judges a GPU run's rows: in one flush, by the values before them."""
+    window, found = Window(), []
+    for i, value in enumerate(series):
+        if window.over(value, window.newest if jump else None):
+            found.append(i)
+        else:
+            window.add(value)
+    return found
+
+
+def test_a_gradient_norm_that_climbs_is_no_spike_one_that_jumps_is():
+    series = _climb()
+    assert _flush_judged(series, jump=False) != []  # by the limit alone, the climb trips (it did on an H200)
+    assert _flush_judged(series, jump=True) == []
+    wild = list(series)
+    wild[66] = wild[65] * 100  # a bad batch in the middle of the climb
+    assert _flush_judged(wild, jump=True) == [66]
+    assert _flush_judged(series[:45] + [1e3] + series[45:], jump=True) == [45]
+
+
+def test_the_training_thread_judges_a_cpu_norm_by_the_one_before_it():
+    """The rollback's judge on CPU (prestep.py calls it before each update with the step's
+    norm) while the flusher fills the windows ten rows at a time, a flush behind."""
+    from types import SimpleNamespace
+
+    from ptdash.rollback import Rollback
+    from ptdash.shared.config import RunConfig
+
+    def judged(series) -> list[int]:
+        part = Rollback(RunConfig(on_anomaly="rollback"), None, None, None, lambda c: None,
+                        SimpleNamespace(multi=False, ready=False), unattended=True)
+        part.at_step = part.judging = True
+        found = []
+        for i, norm in enumerate(series):
+            if i % 10 == 0:
+                part.observe([(s, 0.0, {"loss": 1.0, "grad/norm_total": series[s]})
+                              for s in range(max(0, i - 20), max(0, i - 10)) if s not in found])
+            if part.judge([1.0], norm) is not None:
+                found.append(i)
+        return found
+
+    assert judged(_climb()) == []
+    wild = _climb()
+    wild[66] = wild[65] * 100
+    assert judged(wild) == [66]
