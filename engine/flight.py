@@ -3,7 +3,8 @@
 Each process group records its collectives in a ring buffer whose size torch reads from
 ``TORCH_FR_BUFFER_SIZE`` (or ``TORCH_NCCL_TRACE_BUFFER_SIZE``) when the group is made; 0 is off.
 NCCL's groups record in a recorder of their own (its entries hold CUDA events), dumped by a call
-of its own; ``read`` takes both and reads them as one.
+of its own: on an H200 (torch 2.11) the first call's dump held none of a NCCL group's entries and
+NCCL's held them all. ``read`` takes both and reads them as one.
 torch 2.13 keeps 2000 by default (measured here); older releases may keep none (not tried here).
 ptdash sets neither: the recorder is the one torch or the user made (a job's own dumps on a
 timeout keep their history). ``read`` takes the newest entries per group

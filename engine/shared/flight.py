@@ -2,7 +2,7 @@
 
 Every process group of torch.distributed records the collectives it runs in a ring buffer
 (``TORCH_FR_BUFFER_SIZE`` entries: 2000 by default in torch 2.13, which ptdash leaves as it is;
-gloo here, NCCL by the same API, not tried here), including
+gloo's in one recorder, NCCL's in one of its own, both read: seen on an H200), including
 those the script never calls by name: DDP's reducer's gradient all-reduces. A
 rank's engine reads it with its stacks (engine/flight.py); this module is what both sides read:
 the records (``Flight``: a rank's newest ``Entry``s per group and each group's counters), the
