@@ -90,10 +90,13 @@ def make_kill_good(run_dir: Path, why: str, by: str) -> bool | None:
         return False
     if not of_run(pid, run_dir):
         return None
-    kill_tree(pid, Path(run_dir) / "output.log")
+    # Said before the kill: the front that started the engine says how it ended once it sees
+    # it gone ('the engine was killed by SIGKILL'), unless run.json says already, and the kill
+    # lets the copier end first (up to COPIER_WAIT_S), long after the front has seen it.
     if rundir.read_info(run_dir).status not in ENDED:
         rundir.update_info(run_dir, status="crashed", exit_code=-signal.SIGKILL, ended=time.time(),
                            detail=f"killed by {by}: {why}")
+    kill_tree(pid, Path(run_dir) / "output.log")
     return True
 
 
