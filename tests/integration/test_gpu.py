@@ -136,3 +136,17 @@ def test_stacks_read_the_nccl_flight_recorder(tmp_path):
         wait_for(lambda: run.proc.poll() is not None, 120, what="the run to end")
         run.close()
     assert "NCCL OK" in (tmp_path / "cli.out").read_text()
+
+
+def test_the_gpu_overhead_benchmark_runs_and_ptdash_changes_no_loss():
+    import subprocess
+    import sys
+
+    from support.runner import ENV, REPO
+
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_overhead.py"), "--rounds", "1", "--steps",
+                           "50", "--layers", "2", "--clip"], capture_output=True, text=True, timeout=600, env=ENV)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("ptdash / plain:")]
+    plain, under = line.split("plain [")[1].split("]")[0], line.split("ptdash [")[1].split("]")[0]
+    assert plain == under and "," not in plain, line  # one final loss, the same plain and under ptdash
