@@ -84,8 +84,10 @@ def merged(dumps: list[dict]) -> dict:
     seen, entries, status = set(), [], {}
     for dump in dumps:
         for raw in dump.get("entries") or ():
+            if not isinstance(raw, dict):
+                continue  # parse reads dicts alone
             key = (str(raw.get("pg_id")), raw.get("is_p2p"), raw.get("collective_seq_id"), raw.get("p2p_seq_id"),
-                   raw.get("time_created_ns")) if isinstance(raw, dict) else id(raw)
+                   raw.get("time_created_ns"))
             if key not in seen:
                 seen.add(key)
                 entries.append(raw)

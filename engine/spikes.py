@@ -7,12 +7,13 @@ window's highest value, whichever is higher. A falling loss (warm-up) keeps its 
 above the new values, and a heavy-tailed one (reinforcement learning, where a few batches
 in a hundred are 5x the median) sets its own highest value, so neither trips it; a ratio to a running average (3x)
 trips on both. A bad shard's batch, orders of magnitude off, trips it. Only values above count: a loss that
-drops is never a spike. A gradient norm must also have jumped there: be TAIL times as far above the
-median as the good norm before it. A norm that climbs 1.25x a step for ten steps as a model starts
-to fit ends far above a limit taken a few steps earlier, yet no step of it is a jump (seen on a GPU,
-where a flush judges hundreds of rows against the limits before them). A loss is judged by the limit
-alone: the training thread reads a CPU loss against it and nothing more. Pure Python, no torch: the flusher updates the limits from host
-values, and the training thread compares a float with them.
+drops is never a spike. A gradient norm must also have jumped there: be TAIL times as far above
+the median as the good norm before it. A norm that climbs 1.25x a step for ten steps as a model
+starts to fit ends far above a limit taken a few steps earlier, yet no step of it is a jump (seen
+on a GPU, where a flush judges hundreds of rows against the limits before them). A loss is judged
+by the limit alone: the training thread reads a CPU loss against it and nothing more. Pure Python,
+no torch: the flusher updates the limits from host values, and the training thread compares a
+float with them.
 """
 
 from __future__ import annotations
