@@ -131,7 +131,7 @@ class Engine:
                 Path(self.info.socket), rundir.read_token(self.run_dir),
                 Welcome(run_id=self.info.id, run_dir=str(self.run_dir), pid=os.getpid(),
                         world_size=self.dist.world_size),
-                on_command=self.controls.submit, on_connect=self._greeting)
+                on_command=self.controls.submit, on_connect=self._greeting, on_drop=self.journal.event)
         self.preview = (SchedulePreview(self.discovery, lambda: self.hooks.main.ref() if self.hooks.main else None,
                                         lambda: self.hooks.step, lambda: self.settings.lr_scale,
                                         lambda: self.journal.total_steps,

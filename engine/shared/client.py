@@ -1,14 +1,18 @@
 """The client side of the control socket: the dashboard's and ``ptdash ctl``'s connection
-to a run's engine (see transport.py for the server). Stdlib only."""
+to a run's engine (see transport.py for the server). It sends the run's token only to a
+process of its own user (SO_PEERCRED), and a command holding a value JSON cannot carry (a
+NaN) is refused here, never sent as null (wire.encode). Stdlib only."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
 from pathlib import Path
 
 from . import wire
+from .private import peer_uid
 from .protocol import Hello, Message, Refused, TransportError, Welcome
 
 
@@ -45,6 +49,17 @@ class Client:
         except OSError as exc:
             sock.close()
             raise TransportError(f"cannot connect to {self.path}: {exc.strerror or exc}") from None
+        try:
+            # The token only to an engine of this user: whoever could put a socket at this path
+            # (a directory another user may rename things in) would otherwise collect it.
+            uid = peer_uid(sock)
+        except OSError as exc:
+            sock.close()
+            raise TransportError(f"cannot tell who listens at {self.path}: {exc.strerror or exc}") from None
+        if uid != os.getuid():
+            sock.close()
+            raise TransportError(f"the socket {self.path} is served by uid {uid}, not by you (uid {os.getuid()}): "
+                                 "not an engine of yours; the run's token was not sent")
         self.sock = sock
         try:
             self.send(Hello(token=self._token, client=self._name))
@@ -64,12 +79,14 @@ class Client:
         return msg
 
     def send(self, msg: Message) -> None:
-        """Send one message (blocking; commands are tiny); raise TransportError when the engine has gone."""
+        """Send one message (blocking; commands are tiny); raise TransportError when the engine has
+        gone, ProtocolError (a ValueError, nothing sent) for a value no message may carry (a NaN)."""
         if self.sock is None:
             raise TransportError("not connected")
+        frame = wire.encode(msg)
         with self._send_lock:
             try:
-                self.sock.sendall(wire.encode(msg))
+                self.sock.sendall(frame)
             except OSError as exc:
                 raise TransportError(f"connection to the engine lost: {exc.strerror or exc}") from None
 

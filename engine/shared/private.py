@@ -3,19 +3,25 @@ registry, and who is at the other end of a socket.
 
 The directory is ``$XDG_RUNTIME_DIR/ptdash`` (per user, on tmpfs) or
 ``/tmp/ptdash-<uid>``, created 0700 and refused if another user owns it, others can
-enter it, it is a symlink, or it sits on a network file system. Stdlib only.
+enter it, it is a symlink, or it sits on a network file system. An XDG_RUNTIME_DIR that
+another user owns or may rename entries in (writable by others, no sticky bit) is
+passed over for ``/tmp``, saying so. Stdlib only.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import stat
 import struct
+import sys
 import tempfile
 from pathlib import Path
 
 from .protocol import TransportError
+
+log = logging.getLogger("ptdash.shared.private")
 
 _NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "afs", "9p", "lustre", "gpfs"}
 
@@ -23,15 +29,26 @@ _NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "a
 def private_dir() -> Path:
     """The per-user directory for sockets and the live-run registry, created 0700.
 
-    ``$XDG_RUNTIME_DIR/ptdash`` when that exists (per user, on tmpfs), else
-    ``/tmp/ptdash-<uid>``. Refuses a directory that another user owns, that others can
-    enter, or that sits on a network file system.
+    ``$XDG_RUNTIME_DIR/ptdash`` when that exists and is safe (``unsafe_parent``), else
+    ``/tmp/ptdash-<uid>``, saying once why XDG_RUNTIME_DIR was passed over. Refuses a
+    directory that another user owns, that others can enter, or that sits on a network
+    file system.
     """
     runtime = os.environ.get("XDG_RUNTIME_DIR")
+    path = None
     if runtime and os.path.isdir(runtime):
-        path = Path(runtime) / "ptdash"
-    else:
+        why = unsafe_parent(Path(runtime))
+        if why is None:
+            path = Path(runtime) / "ptdash"
+        else:
+            fallback = Path(tempfile.gettempdir()) / f"ptdash-{os.getuid()}"
+            _say_once(f"ptdash: XDG_RUNTIME_DIR {runtime} is not used: {why}; the control socket goes in "
+                      f"{fallback} instead")
+    if path is None:
         path = Path(tempfile.gettempdir()) / f"ptdash-{os.getuid()}"
+        why = unsafe_parent(path.parent)
+        if why is not None:
+            raise TransportError(f"cannot make a private directory in {path.parent}: {why}")
     try:
         path.mkdir(mode=0o700)
     except FileExistsError:
@@ -40,6 +57,44 @@ def private_dir() -> Path:
         raise TransportError(f"cannot create the private directory {path}: {exc.strerror or exc}") from None
     check_private_dir(path)
     return path
+
+
+def unsafe_parent(directory: Path) -> str | None:
+    """Why ``directory`` cannot hold the private directory, or None.
+
+    Whoever may rename entries of a directory on the way to ours can swap our directory
+    for theirs, listen on a run's socket path and collect the token a client sends. So
+    ``directory`` and each directory above it must belong to this user or root, and any
+    that others may write to must have the sticky bit (as /tmp has).
+    """
+    try:
+        current = Path(os.path.abspath(directory))
+        while True:
+            st = os.stat(current)
+            if st.st_uid not in (os.getuid(), 0):
+                return f"{current} belongs to uid {st.st_uid}, not you"
+            if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
+                return f"others may write to {current} (mode {stat.S_IMODE(st.st_mode):o}, no sticky bit)"
+            if current.parent == current:
+                return None
+            current = current.parent
+    except OSError as exc:
+        return f"cannot check {directory}: {exc.strerror or exc}"
+
+
+_said: set[str] = set()
+
+
+def _say_once(note: str) -> None:
+    """A note for the user, once per process: on stderr, or in the log where one is kept
+    (the engine's engine.log; its stderr is the script's output.log)."""
+    if note in _said:
+        return
+    _said.add(note)
+    if log.hasHandlers():
+        log.warning("%s", note)
+    else:
+        print(note, file=sys.stderr, flush=True)
 
 
 def check_private_dir(path: Path) -> None:

@@ -10,7 +10,9 @@ The server never blocks its callers: ``publish`` appends to per-client buffers. 
 that does not read loses live metrics (counted, sent later as ``dropped``) but never
 slows training; one whose buffer of must-deliver messages overflows is disconnected.
 What all clients together may cost is bounded too: at most MAX_CLIENTS connections and
-TOTAL_BUFFER unsent bytes; beyond that a new client is refused with the reason. Notes
+TOTAL_BUFFER unsent bytes; beyond that a new dashboard is refused with the reason. A client
+whose socket took nothing for STALL_SECONDS is dropped, and ``ptdash ctl`` has seats of its
+own, so dashboards that stopped reading never lock the owner out (seats.py). Notes
 about refusals go to engine.log through a Throttle, so a flood of them costs a few lines.
 Stdlib only.
 """
@@ -31,6 +33,7 @@ from typing import Callable
 from . import wire
 from .private import check_private_dir, peer_uid
 from .protocol import Command, Hello, Layers, Message, Metrics, ProtocolError, Refused, Samples, Welcome
+from .seats import CTL_SEATS, STALL_SECONDS, Seat, printable, refusal
 from .throttle import Throttle
 
 log = logging.getLogger("ptdash.shared.transport")
@@ -48,7 +51,8 @@ MAX_CLIENT_FRAME = 64 * 1024
 """Clients only send small commands; a larger frame from one is refused."""
 
 MAX_CLIENTS = 32
-"""Connections served at once (dashboards, ``ptdash ctl``, peers still saying hello)."""
+"""Connections served at once (dashboards, peers still saying hello); ``ptdash ctl`` has
+CTL_SEATS more of its own (seats.py)."""
 
 TOTAL_BUFFER = 64 * 1024 * 1024
 """Unsent bytes across every client. Live metrics get at most half of it, shared among
@@ -56,26 +60,7 @@ the clients; above half, new clients are refused; above all of it, the client ho
 the most is disconnected."""
 
 
-def _printable(text: str) -> str:
-    """``text`` safe for a log line: what a peer sent may hold lone surrogates."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 # --------------------------------------------------------------------------- server
-
-
-class _Client:
-    def __init__(self, sock: socket.socket, now: float) -> None:
-        self.sock = sock
-        self.fd = sock.fileno()
-        """The key in the server's table (a closed socket no longer knows its number)."""
-        self.reader = wire.FrameReader(MAX_CLIENT_FRAME)
-        self.out = bytearray()
-        self.authed = False
-        self.closing = False
-        self.dropped = 0
-        self.connected_at = now
-        self.name = "?"
 
 
 class Server:
@@ -83,18 +68,23 @@ class Server:
 
     ``on_command(cmd)`` runs on the server thread for each valid command from an
     authenticated client; ``on_connect()`` returns the messages a new client gets after
-    the Welcome (current status and the like).
+    the Welcome (current status and the like); ``on_drop("warning", note)`` hears of a
+    client dropped for not reading.
     """
 
     def __init__(self, path: Path, token: str, welcome: Welcome,
                  on_command: Callable[[Command], None],
-                 on_connect: Callable[[], list[Message]] = lambda: []) -> None:
+                 on_connect: Callable[[], list[Message]] = lambda: [],
+                 on_drop: Callable[[str, str], object] = lambda kind, note: None) -> None:
         self.path = Path(path)
         self._token = token
         self._welcome = welcome
         self._on_command = on_command
         self._on_connect = on_connect
-        self._clients: dict[int, _Client] = {}
+        self._on_drop = on_drop
+        """Told (on the server thread) of a client dropped because it stopped reading, as the
+        journal's ``event(kind, message)`` is: kind ``warning``."""
+        self._clients: dict[int, Seat] = {}
         self._lock = threading.Lock()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -208,7 +198,7 @@ class Server:
             pass
 
     def _note(self, reason: str) -> None:
-        reason = _printable(reason)
+        reason = printable(reason)
         self.refusals.append(reason)
         del self.refusals[:-100]
         allowed, held = self._throttle.allow()
@@ -240,7 +230,7 @@ class Server:
             self._selector.close()
             self._wake_r.close()
 
-    def _service(self, client: _Client, events: int) -> None:
+    def _service(self, client: Seat, events: int) -> None:
         """Read and write one client; whatever goes wrong with it ends only that client."""
         try:
             if events & selectors.EVENT_READ:
@@ -266,28 +256,18 @@ class Server:
             self._note(f"refused a connection from uid {uid}: only the run's owner may connect")
             self._refuse_now(sock, "only the run's owner may connect")
             return
-        reason = self._full()
-        if reason:
+        with self._lock:
+            count = len(self._clients)
+        if count >= MAX_CLIENTS + CTL_SEATS:  # a dashboard's or ctl's seat is known at its hello
+            reason = f"too many connections ({count}); close another dashboard or ptdash ctl first"
             self._note(f"refused a connection: {reason}")
             self._refuse_now(sock, reason)
             return
         sock.setblocking(False)
-        client = _Client(sock, time.monotonic())
+        client = Seat(sock, time.monotonic(), MAX_CLIENT_FRAME)
         with self._lock:
             self._clients[client.fd] = client
         self._selector.register(sock, selectors.EVENT_READ, client)
-
-    def _full(self) -> str | None:
-        """Why no more clients can be served now, or None."""
-        with self._lock:
-            count = len(self._clients)
-            buffered = sum(len(c.out) for c in self._clients.values())
-        if count >= MAX_CLIENTS:
-            return f"too many connections ({count}); close another dashboard or ptdash ctl first"
-        if buffered >= TOTAL_BUFFER // 2:
-            return (f"the engine's send buffers are full ({buffered // 2 ** 20} MiB unsent to other clients); "
-                    "a dashboard that stopped reading (Ctrl-Z?) holds them")
-        return None
 
     def _refuse_now(self, sock: socket.socket, reason: str) -> None:
         try:
@@ -297,13 +277,13 @@ class Server:
             pass
         sock.close()
 
-    def _refuse(self, client: _Client, reason: str) -> None:
+    def _refuse(self, client: Seat, reason: str) -> None:
         self._note(f"refused client {client.name}: {reason}")
         with self._lock:
             client.out += wire.encode(Refused(reason))
             client.closing = True
 
-    def _read(self, client: _Client) -> None:
+    def _read(self, client: Seat) -> None:
         try:
             data = client.sock.recv(65536)
         except BlockingIOError:
@@ -324,14 +304,23 @@ class Server:
         except ProtocolError as exc:
             self._refuse(client, f"bad frame: {exc}")
 
-    def _handle(self, client: _Client, msg: Message) -> None:
+    def _handle(self, client: Seat, msg: Message) -> None:
         if not client.authed:
             if not isinstance(msg, Hello):
                 self._refuse(client, "the first message must be hello")
             elif not hmac.compare_digest(msg.token.encode("utf-8", "replace"), self._token.encode()):
                 self._refuse(client, "wrong token")
             else:
-                client.name = _printable(msg.client[:32])
+                with self._lock:
+                    reason = refusal(list(self._clients.values()), client, msg.client, MAX_CLIENTS,
+                                     sum(len(c.out) for c in self._clients.values()), TOTAL_BUFFER // 2)
+                if reason:
+                    self._note(f"refused a connection: {reason}")
+                    with self._lock:
+                        client.out += wire.encode(Refused(reason))
+                        client.closing = True
+                    return
+                client.name = printable(msg.client[:32])
                 frames = b"".join(wire.encode(m) for m in [self._welcome, *self._on_connect()])
                 with self._lock:
                     # Served from here on, under the lock that ``publish`` holds, after its Welcome:
@@ -348,7 +337,7 @@ class Server:
         else:
             self._refuse(client, f"unexpected {msg.type} message")
 
-    def _write(self, client: _Client) -> None:
+    def _write(self, client: Seat) -> None:
         with self._lock:
             data = bytes(client.out[:262144])
         if data:
@@ -361,6 +350,7 @@ class Server:
                 return
             with self._lock:
                 del client.out[:sent]
+            client.took(sent)
         if client.closing and not client.out:
             self._close(client)
 
@@ -369,6 +359,18 @@ class Server:
         for client in list(self._clients.values()):
             if not client.authed and not client.closing and now - client.connected_at > AUTH_TIMEOUT:
                 self._refuse(client, "no hello within the time limit")
+            with self._lock:
+                stalled, unsent = client.stalled(now, STALL_SECONDS), len(client.out)
+            if stalled:
+                note = (f"client {client.name} disconnected: it read nothing for {STALL_SECONDS:g} s "
+                        f"({unsent // 1024} KiB waited for it)")
+                self._note(note)
+                self._close(client)
+                try:
+                    self._on_drop("warning", note)
+                except Exception:  # noqa: BLE001 - a note must not stop the server
+                    log.exception("journaling a dropped client failed")
+                continue
             if client.closing and (not client.out or len(client.out) > HARD_BUFFER):
                 self._close(client)
 
@@ -383,7 +385,7 @@ class Server:
             except (KeyError, ValueError):
                 pass
 
-    def _close(self, client: _Client) -> None:
+    def _close(self, client: Seat) -> None:
         with self._lock:
             self._clients.pop(client.fd, None)
         try:

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import packed
 from .numbers import json_safe
-from .protocol import MAX_FRAME, MESSAGES, VERSION, Message, Metrics, ProtocolError
+from .protocol import MAX_FRAME, MESSAGES, VERSION, Command, Hello, Message, Metrics, ProtocolError
 
 _HEADER = struct.Struct(">I")
 
@@ -77,9 +77,11 @@ def _check_types(msg: Message) -> None:
 def encode(msg: Message) -> bytes:
     """One length-prefixed frame holding ``msg``.
 
-    Never fails on a value JSON cannot hold: a non-finite number travels as null and
-    anything else as its text (``numbers.json_safe``), so one NaN in an event cannot stop
-    a flush's messages. Raises ProtocolError only for a frame above MAX_FRAME.
+    The engine's messages never fail on a value JSON cannot hold: a non-finite number
+    travels as null and anything else as its text (``numbers.json_safe``), so one NaN in an
+    event cannot stop a flush's messages. A client's message (a command, a hello) is
+    refused instead: a command's null means "no override", so a NaN clip norm sent as null
+    would turn clipping off. Raises ProtocolError for that and for a frame above MAX_FRAME.
     """
     body = to_dict(msg)
     if type(msg) is Metrics:
@@ -87,11 +89,28 @@ def encode(msg: Message) -> bytes:
     try:
         text = json.dumps(body, separators=(",", ":"), allow_nan=False)
     except (ValueError, TypeError):  # the rare message holding NaN, a path, a huge int
+        if type(msg) in _FROM_CLIENTS:
+            raise ProtocolError(_unsendable(msg)) from None
         text = json.dumps(json_safe(body)[0], separators=(",", ":"), allow_nan=False)
     payload = text.encode()
     if len(payload) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
     return _HEADER.pack(len(payload)) + payload
+
+
+_FROM_CLIENTS = (Command, Hello)
+"""What clients send: a value JSON cannot hold is refused, never replaced (see ``encode``)."""
+
+
+def _unsendable(msg: Message) -> str:
+    """Why a client's message cannot be sent, in one line naming the value."""
+    for f in dataclasses.fields(msg):
+        value = getattr(msg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            what = f"{msg.name} {f.name}" if isinstance(msg, Command) else f"{msg.type} {f.name}"
+            return (f"{what} {value!r} is not a finite number: not sent (a command's null would mean "
+                    "no override)")
+    return f"the {msg.type} message holds a value JSON cannot carry: not sent"
 
 
 INT_LIMIT = 2 ** 63
