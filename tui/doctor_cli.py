@@ -1,7 +1,8 @@
 """``ptdash doctor [RUN]``: what the training doctor found in a run. No Textual: plain text out.
 
 Reads the ``finding`` events from the run's store (live or finished) and prints each
-with what was seen, why it matters and the fix, then the Python warnings the script
+with what was seen, why it matters and the fix, then every anomaly and what was done about
+it (incidents.py: each rollback, skip, pause), the Python warnings the script
 raised and the metrics read from its output (printed.py: each name's first value and its
 line, so a wrong guess is seen) (``--json``: all of it as one JSON object). Exit status: 0 without findings, 1 with
 findings or on an error, 2 on bad usage.
@@ -24,6 +25,7 @@ from ptdash.shared.store import STORE_NAME, StoreError
 from . import runs, subcommands
 from .errors import CliError
 from .findings import Finding, Findings
+from .incidents import Incidents, listing
 
 
 def cmd_doctor(argv: list[str]) -> int:
@@ -48,6 +50,7 @@ def cmd_doctor(argv: list[str]) -> int:
         found, warnings = fold(events, **until)
         print(json.dumps({"run_dir": str(run.path), "name": run.info.name, "state": run.state, "step": steps,
                           "findings": [dataclasses.asdict(f) for f in found],
+                          "anomalies": [row.to_data() for row in _incidents(events).rows],
                           "warnings": [e.message for e in warnings],
                           "printed": [{"step": e.step, "rank": e.rank, **dataclasses.asdict(read(e))}
                                       for e in _printed(events)]}, indent=2))
@@ -82,8 +85,10 @@ def render(title: str, events: list[Event], width: int = 100, ended_at: float | 
     same fold as the Doctor tab's).
     """
     found, warnings = fold(events, ended_at, live)
+    incidents = _incidents(events)
     noun = "finding" if len(found) == 1 else "findings"
-    lines = [f"ptdash doctor: {title}: " + (f"{len(found)} {noun}" if found else "no findings")]
+    lines = [f"ptdash doctor: {title}: " + (f"{len(found)} {noun}" if found else "no findings")
+             + (f", {len(incidents)} anomal{'y' if len(incidents) == 1 else 'ies'}" if incidents.rows else "")]
     for number, finding in enumerate(found, 1):
         ranks = sorted(set(finding.ranks))
         where = [f"step {finding.step}" if finding.step else "", finding.source or "",
@@ -93,6 +98,11 @@ def render(title: str, events: list[Event], width: int = 100, ended_at: float | 
         for label, text in (("what", finding.what), ("why", finding.why), ("fix", finding.fix)):
             lines += textwrap.wrap(text, width=width, initial_indent=f"   {label}: ",
                                    subsequent_indent=" " * 8, break_on_hyphens=False) or [f"   {label}: -"]
+    if incidents.rows:  # every anomaly and what was done about it: the run's own story of its bad steps
+        lines += ["", f"Anomalies and what was done ({len(incidents)}):"]
+        for line in listing(incidents.rows):
+            lines += textwrap.wrap(line, width=width, initial_indent="   ", subsequent_indent=" " * 6,
+                                   break_on_hyphens=False)
     if warnings:
         lines += ["", f"Python warnings the script raised ({len(warnings)}, each shown once):"]
         lines += ["   " + textwrap.shorten(e.message, width=width - 3, placeholder=" ...") for e in warnings]
@@ -107,6 +117,14 @@ def render(title: str, events: list[Event], width: int = 100, ended_at: float | 
         lines += ["   " + textwrap.shorten(e.message.replace("found printed metric ", ""), width=width - 3,
                                            placeholder=" ...") for e in printed]
     return "\n".join(lines), len(found)
+
+
+def _incidents(events: list[Event]) -> Incidents:
+    """The anomalies, rollbacks, skips and pauses in ``events``, folded across ranks."""
+    folded = Incidents()
+    for event in events:
+        folded.add(event)
+    return folded
 
 
 def _printed(events: list[Event]) -> list[Event]:

@@ -185,9 +185,9 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
         code = signals["ended"][1]  # killed after its end was recorded: the run's own exit code
     info = _ended(run_dir, code, signals.get("killed"))
     with wait_for_store(run_dir / STORE_NAME, 1) or nullcontext() as reader:
-        line = progress_line(reader, info) if reader else ""
-    say(f"[ptdash] {info.status} ({describe_exit(code)}); {line.removeprefix('[ptdash] ')}"
-        f"\n[ptdash] run dir: {run_dir}")
+        line = progress_line(reader, info, status=False) if reader else ""
+    say(f"[ptdash] {info.status} ({describe_exit(code)})" + (f"; {line.removeprefix('[ptdash] ')}" if line else "")
+        + f"\n[ptdash] run dir: {run_dir}")
     return code
 
 

@@ -15,6 +15,8 @@ from ptdash.shared.protocol import ENDED, Ack, Event, LayerNames, Layers, Metric
 
 from .eventline import EVENT_LEVELS, EventLine
 from .findings import Findings
+from .incidents import Incidents
+from .printedline import PrintedLine
 from .series import Series, StepRate, rank_wants
 from .tabs.layers import LayerStats
 
@@ -75,6 +77,10 @@ class RunState:
     """A line already in ``events`` changed or went (the pane must redraw them); the app resets it."""
     stacks: tuple[str, tuple] | None = None
     """The newest ranks' stacks the Ranks tab shows: (when, its RankStacks), asked for or a stall's."""
+    incidents: Incidents = field(default_factory=Incidents)
+    """Every anomaly and what was done about it (rollbacks, skips, pauses), for the Doctor tab."""
+    printed: PrintedLine = field(default_factory=PrintedLine)
+    """The metrics read from the script's output: one line of the events pane for all of them."""
 
     def __post_init__(self) -> None:
         self.rank_series[0] = self.series
@@ -329,6 +335,12 @@ class RunState:
             self.seen_commands.add(what.id)
         if kind == "checkpoint" and any(e.kind == "checkpoint" and e.step == step for e in self.events[-20:]):
             return None  # the line of the checkpoint command that asked for it says it already
+        if isinstance(what, events.PrintedMetric) and self.printed.line is not None:
+            if any(e is self.printed.line for e in self.events):  # one line for them all, rewritten in place
+                self.events_changed = True
+                return None
+            self.events.append(self.printed.line)
+            return self.printed.line
         level = EVENT_LEVELS.get(kind, "info")
         if (isinstance(what, events.CommandAnswer) and not what.ok) or (isinstance(what, events.Profile)
                                                                          and what.error):
@@ -349,6 +361,7 @@ class RunState:
     def _note(self, event: Event) -> events.EventData:
         """Keep what the tabs and the header show of an event; what it says."""
         what = events.read(event)
+        self.incidents.add(event, what)
         if isinstance(what, events.CommandAnswer):
             if what.ok and what.name in ("pause", "resume"):
                 # Running time only: the rate and the ETA leave out the time the run stood still.
@@ -378,4 +391,6 @@ class RunState:
             self.oom = what
         elif isinstance(what, events.Hint):
             self.hint = event.message
+        elif isinstance(what, events.PrintedMetric):
+            self.printed.take(event.wall or time.time(), event.step, what)
         return what

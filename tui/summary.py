@@ -1,8 +1,9 @@
 """``ptdash show RUN --once``: a run summed up in plain text or JSON, with no terminal needed.
 
 Status, steps, duration and rate, the first, last and best loss, the last LR, the
-gradient norm's range, the metrics the script printed (last, min, max), every change of the clip norm or the LR factor, the doctor's
-findings and where the checkpoints are. Read from run.json and the store (live or
+gradient norm's range, the metrics the script printed (last, min, max), every change of the
+clip norm or the LR factor, every anomaly and what was done about it (incidents.py: each
+rollback, skip, pause), the doctor's findings and where the checkpoints are. Read from run.json and the store (live or
 finished): a series' extremes come from the store's summary table, so a run of a
 million steps is summed up in a fraction of a second. Plain text: no escape codes,
 whatever stdout is.
@@ -23,6 +24,7 @@ from ptdash.shared.rows import RowReader
 from ptdash.shared.store import STORE_NAME, StoreError
 
 from .findings import Findings
+from .incidents import Incident, Incidents, listing
 from .fmt import fmt_duration, fmt_si
 from .runs import RunSummary
 from .tabs.system import cost_line, sampling_line
@@ -39,7 +41,8 @@ def summarize(run: RunSummary) -> dict:
            "exit_code": info.exit_code, "exit": describe_exit(info.exit_code) if info.exit_code is not None else None,
            "step": run.step, "total_steps": info.total_steps, "started": info.started or info.created or None,
            "ended": info.ended, "duration_s": None, "steps_per_s": None, "loss": None, "lr": None,
-           "grad_norm": None, "printed": [], "changes": [], "findings": [], "checkpoints": _checkpoints(run.path),
+           "grad_norm": None, "printed": [], "changes": [], "anomalies": [], "findings": [],
+           "checkpoints": _checkpoints(run.path),
            "cost": None, "damage": None,
            "parent": {"run_dir": info.parent, "id": info.parent_id, "step": info.fork_step} if info.parent else None}
     try:
@@ -70,13 +73,15 @@ def summarize(run: RunSummary) -> dict:
             out["grad_norm"] = {"min": _point(norm.low), "max": _point(norm.high), "last": _point(norm.last)}
         out["printed"] = _printed(reader)
         out["cost"] = _cost(reader)
-        findings = Findings()
+        findings, incidents = Findings(), Incidents()
         for event in reader.events():
             findings.add(event)
+            incidents.add(event)
             answer = events.read(event)
             if isinstance(answer, events.CommandAnswer) and answer.ok and answer.name in ("clip", "lr_scale"):
                 step = answer.applied_step if answer.applied_step is not None else event.step
                 out["changes"].append({"name": answer.name, "value": answer.value, "step": step})
+        out["anomalies"] = [row.to_data() for row in incidents.rows]
         out["findings"] = [{"id": f.id, "severity": f.severity, "what": f.what, "step": f.step, "ranks": f.ranks,
                             **({k: f.extra.get(k) for k in ("seconds", "over", "with_run")} if f.id == "stalled"
                                else {})}
@@ -165,6 +170,9 @@ def render(s: dict) -> str:
         lines.append(_row("changes", "; ".join(said)))
     else:
         lines.append(_row("changes", "none (no clip or LR factor command)"))
+    rows = s.get("anomalies") or []
+    lines.append(_row("anomalies", f"{len(rows)}" if rows else "none"))
+    lines += [_row("", line) for line in listing_of(rows)]
     found = s["findings"]
     lines.append(_row("findings", f"{len(found)}: " + ", ".join(f"{f['id']} ({f['severity']})" for f in found)
                       + f"  (ptdash doctor {s['run_dir']})" if found else "none"))
@@ -184,6 +192,11 @@ def render(s: dict) -> str:
     if s["damage"]:
         lines.append(_row("damage", s["damage"]))
     return "\n".join(lines)
+
+
+def listing_of(rows: list[dict]) -> list[str]:
+    """The plain lines of ``summarize``'s anomalies (incidents.listing of its JSON rows)."""
+    return listing([Incident(r["step"], r["what"], r["action"], r["kind"], ranks=list(r["ranks"])) for r in rows])
 
 
 def _row(label: str, text: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ptdash.shared import events, names, rundir
 from ptdash.shared.config import RunInfo
-from ptdash.shared.protocol import Event
+from ptdash.shared.protocol import ENDED, Event
 from ptdash.shared.reader import StoreReader, wait_for_store
 from ptdash.shared.store import STORE_NAME
 
@@ -17,7 +17,9 @@ from .fmt import eta, fmt_duration
 from .series import StepRate
 
 SHOWN_KINDS = ("anomaly", "warning", "store", "disk", "oom", "stall", "node", "doctor", "rollback", "snapshot")
-"""Events printed as they happen; the rest only reach the progress line's "last"."""
+"""Events printed as they happen."""
+ATTENTION_S = 60.0
+"""Seconds the progress line's ``last:`` names an event that asks for attention, unless a newer one comes."""
 SLOW_RATE = 0.5
 """Below this many steps per second, the line shows seconds per step instead."""
 EXPLAIN_WAIT = 10.0
@@ -28,12 +30,16 @@ class Watcher:
     """Reads the store and run.json as the run goes: events worth a line, a pause and how
     to answer it, and the progress line when it is due."""
 
-    def __init__(self, run_dir: Path, pause_timeout: float | None, linked: bool, say: Callable[[str], None]) -> None:
+    def __init__(self, run_dir: Path, pause_timeout: float | None, linked: bool, say: Callable[[str], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.run_dir, self.pause_timeout, self.linked, self.say = run_dir, pause_timeout, linked, say
+        self.clock = clock
+        """Seconds, for how long ``last`` is named (time.monotonic; a test's own clock)."""
         self.reader: StoreReader | None = None
         self.after_id = 0
         self.paused_said: int | None = None
-        self.last: Event | None = None
+        self._last: tuple[Event, float] | None = None
+        """The newest event that asks for attention, and when this front read it."""
         self.disk_full = False
         """Whether the engine named a full disk: the store may then lag behind the run."""
         self._shown_step: int | None = None
@@ -57,12 +63,11 @@ class Watcher:
             return
         for ev in self.reader.events(after_id=self.after_id):
             self.after_id = max(self.after_id, ev.id or 0)
-            if (ev.kind not in ("command", "checkpoint") or "stop" in ev.message) and not (
-                    ev.kind == "disk" and self.linked):
-                self.last = ev
-            # A linked front has the disk notices from the link already, as they happened.
-            shown = ev.kind in SHOWN_KINDS or (ev.kind == "run" and "stopping" in ev.message)
             what = events.read(ev)
+            # A linked front has the disk notices from the link already, as they happened.
+            if asks_attention(ev, what) and not (ev.kind == "disk" and self.linked):
+                self._last = (ev, self.clock())
+            shown = ev.kind in SHOWN_KINDS or (ev.kind == "run" and "stopping" in ev.message)
             paused = isinstance(what, events.Anomaly) and what.paused
             self._explain(ev, what)
             if paused and info.status == "paused":
@@ -85,13 +90,22 @@ class Watcher:
         if final and self.unsaid_pause is not None:  # a pause this front was too busy to see
             ev, self.unsaid_pause = self.unsaid_pause, None
             self.say(f"[ptdash] paused after step {ev.step}: {ev.message}")
-        if progress and not final:
+        if progress and not final and info.status not in ENDED:  # an ended run's line is the final one, said once
             line = progress_line(self.reader, info, self.last)
             step = self.reader.latest()[0]
             if self.disk_full and step is not None and step == self._shown_step and info.status == "running":
                 line += " | (the disk is full: the stored history lags behind the run)"
             self._shown_step = step
             self.say(line)
+
+    @property
+    def last(self) -> Event | None:
+        """What the progress line's ``last:`` names: the newest event that asks for attention,
+        for ATTENTION_S after it was read; None after that, or when none came."""
+        if self._last is None:
+            return None
+        event, seen = self._last
+        return event if self.clock() - seen < ATTENTION_S else None
 
     def _explain(self, ev: Event, what) -> None:
         """Follow what the events say of pauses: their causes, and which steps paused."""
@@ -105,6 +119,27 @@ class Watcher:
                 self.explained.add(what.applied_step)
             elif what.name == "resume":
                 self.cause = None
+
+
+def asks_attention(event: Event, what: events.EventData) -> bool:
+    """Whether ``event`` asks a person for attention (the progress line's ``last:``): an anomaly,
+    a rollback, an out-of-memory, a stall under way, a full disk or a store that cannot keep up,
+    a node lost, a warning that is ptdash's own (the script's Python warnings are in its
+    output already), a doctor's finding of a warning or worse. Never informational notes: a
+    printed metric found, a checkpoint, a command's answer, a snapshot, a change of sampling."""
+    kind = event.kind
+    if kind in ("anomaly", "rollback", "oom", "disk", "store"):
+        return not (isinstance(what, events.Rollback) and what.lr_scale is not None and what.to_step is None
+                    and what.limit is None)  # the LR factor back after a rollback: a note
+    if isinstance(what, events.Stall):
+        return not what.ended
+    if isinstance(what, events.Node):
+        return what.lost
+    if isinstance(what, events.Warned):
+        return what.origin != "python"
+    if isinstance(what, events.Finding):
+        return what.severity != "info"  # an engine that gave none: a warning (findings.py)
+    return False
 
 
 def pause_text(run_dir: Path, info: RunInfo, why: Event | None, timeout: float | None, known: bool = True) -> str:
@@ -129,21 +164,24 @@ def pause_text(run_dir: Path, info: RunInfo, why: Event | None, timeout: float |
     return "\n".join(lines)
 
 
-def progress_line(reader: StoreReader, info: RunInfo, last: Event | None = None) -> str:
+def progress_line(reader: StoreReader, info: RunInfo, last: Event | None = None, status: bool = True) -> str:
     """``[ptdash] running | step 1200/2000 | loss 2.3456 | lr 3.00e-04 | val_loss 2.29 @1000 | 12.3 steps/s |
     ETA 1m05s | last: ...``: the validation metric is the newest the script printed (printed.py).
+    Without ``status`` the line leaves the run's state out (the final line says it first, once).
 
     The rate leaves out the time the run was paused; below SLOW_RATE steps a second it is
     seconds per step. The total is run.json's, else the end of the stored LR schedule.
     """
     step, values = reader.latest()
     if step is None:
-        return f"[ptdash] {info.status}: no step yet" + (f" | last: {_short(last.message)}" if last else "")
+        return f"[ptdash] {info.status + ': ' if status else ''}no step yet" + (
+            f" | last: {_short(last.message)}" if last else "")
     schedule = reader.schedule()
     total = info.total_steps or info.config.steps or (schedule.end if schedule is not None else None)
     # A store that lags (a full disk) has older values than run.json's step: say both.
     newest = info.step if isinstance(info.step, int) and info.step > step else step
-    parts = [info.status, f"step {newest}/{total}" if total else f"step {newest}"]
+    parts = [info.status] if status else []
+    parts.append(f"step {newest}/{total}" if total else f"step {newest}")
     if newest > step:
         parts.append(f"history stored to step {step}")
     loss, lr, norm = values.get(names.LOSS), values.get(names.lr(0, 0)), values.get(names.GRAD_NORM)

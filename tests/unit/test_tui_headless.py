@@ -175,3 +175,107 @@ def test_a_pause_the_store_never_explains_is_said_after_a_while(tmp_path, monkey
     said, watcher = _watch(run_dir, 19, [])
     watcher.poll(False)
     assert said and said[0].startswith("[ptdash] paused after step 19: paused (the store does not say why yet)"), said
+
+
+def _progress(run_dir, stored: list[Event], clock) -> tuple[list[str], object]:
+    """A Watcher of a running run whose store holds ``stored``, reading time from ``clock``."""
+    from ptdash.tui.watch import Watcher
+
+    writer = StoreWriter(run_dir / STORE_NAME)
+    writer.write(events=stored)
+    writer.close()
+    said: list[str] = []
+    watcher = Watcher(run_dir, None, False, said.append, clock=clock)
+    return said, watcher
+
+
+def _last(line: str) -> str | None:
+    return line.split("| last: ", 1)[1] if "| last: " in line else None
+
+
+def test_last_names_what_asks_for_attention_for_a_minute_and_never_a_note(tmp_path):
+    from ptdash.tui.watch import ATTENTION_S
+
+    run_dir = make_run(tmp_path, steps=200, status="running", now=1_700_000_000.0)
+    now = [1000.0]
+    spike = Event(kind="rollback", step=151, wall=0.0, message="loss spike at step 150: rolled back to step 144",
+                  data={"step": 151, "from_step": 150, "to_step": 144, "why": "loss spike", "skipped": 6})
+    notes = [Event(kind="printed", step=20, wall=0.0, message="found printed metric acc = 0.54 at step 20: acc 0.54",
+                   data={"name": "acc", "series": "printed/acc", "value": 0.54}),
+             Event(kind="checkpoint", step=30, wall=0.0, message="saved step-30.pt", data={"path": "x"}),
+             Event(kind="sampling", step=70, wall=0.0, message="sampling: per-layer norms one step in 8",
+                   data={"every": 8}),
+             Event(kind="finding", step=80, wall=0.0, message="cudnn-benchmark: ...",
+                   data={"id": "cudnn-benchmark", "severity": "info"})]
+    said, watcher = _progress(run_dir, [], lambda: now[0])
+    watcher.poll(True)  # the recorded run's own anomaly, read now
+    assert _last(said[-1]) == "grad norm spike 7.5 (12x median)", said[-1]
+    now[0] += ATTENTION_S
+    writer = StoreWriter(run_dir / STORE_NAME)
+    writer.write(events=notes)
+    writer.close()
+    watcher.poll(True)
+    assert _last(said[-1]) is None, said  # a minute on, and informational notes never reach it
+    writer = StoreWriter(run_dir / STORE_NAME)
+    writer.write(events=[spike, *notes[:1]])  # a note after it does not take its place
+    writer.close()
+    now[0] += 1
+    watcher.poll(True)
+    assert _last(said[-1]) == "loss spike at step 150: rolled back to step 144", said[-1]
+    now[0] += ATTENTION_S - 2
+    watcher.poll(True)
+    assert _last(said[-1]) == "loss spike at step 150: rolled back to step 144", said[-1]
+    now[0] += 2  # a minute after it was read: the line no longer repeats it
+    watcher.poll(True)
+    assert _last(said[-1]) is None, said[-1]
+    stall = Event(kind="stall", step=190, wall=0.0, message="no rank made a step for 60 s", data={"step": 190})
+    oom = Event(kind="oom", step=191, wall=0.0, message="CUDA out of memory", data={})
+    writer = StoreWriter(run_dir / STORE_NAME)
+    writer.write(events=[stall])
+    writer.close()
+    watcher.poll(True)
+    assert _last(said[-1]) == "no rank made a step for 60 s", said[-1]
+    writer = StoreWriter(run_dir / STORE_NAME)
+    writer.write(events=[oom])  # a newer one takes the place at once
+    writer.close()
+    now[0] += 1
+    watcher.poll(True)
+    assert _last(said[-1]) == "CUDA out of memory", said[-1]
+
+
+@pytest.mark.parametrize(("kind", "data", "asks"), [
+    ("anomaly", {"step": 5, "action": "pause"}, True),
+    ("rollback", {"step": 9, "from_step": 8, "to_step": 4, "skipped": 4}, True),
+    ("rollback", {"step": 40, "lr_scale": 1.0}, False),  # the LR factor back after a rollback
+    ("stall", {"step": 3, "ended": True}, False),
+    ("node", {"node": 1, "lost": True}, True),
+    ("node", {"node": 1}, False),
+    ("warning", {"origin": "python", "text": "deprecated"}, False),  # in the script's own output already
+    ("warning", {"flag": "vanishing", "layer": "fc.weight"}, True),
+    ("finding", {"id": "input-bound", "severity": "warning"}, True),
+    ("printed", {"name": "acc"}, False),
+    ("command", {"name": "stop", "ok": True}, False),
+    ("snapshot", {"bytes": 10}, False),
+])
+def test_what_asks_for_attention(kind, data, asks):
+    from ptdash.shared import events
+    from ptdash.tui.watch import asks_attention
+
+    event = Event(kind=kind, step=1, wall=0.0, message="m", data=data)
+    assert asks_attention(event, events.read(event)) is asks
+
+
+def test_the_final_line_says_how_the_run_ended_once(tmp_path):
+    run_dir = make_run(tmp_path, steps=300, status="finished", now=1_700_000_000.0)
+    with StoreReader(run_dir / STORE_NAME) as reader:
+        line = progress_line(reader, rundir.read_info(run_dir), status=False)
+    assert line.startswith("[ptdash] step 300/2000 | loss ") and "finished" not in line, line
+
+
+def test_no_progress_line_once_the_run_has_ended(tmp_path):
+    # run.json says "finished" while the engine's process is still closing: a progress line due
+    # then said "finished | step ..." before the final line said "finished (exit code 0); ...".
+    run_dir = make_run(tmp_path, steps=300, status="finished", now=1_700_000_000.0)
+    said, watcher = _progress(run_dir, [], lambda: 0.0)
+    watcher.poll(True)
+    assert not any(line.startswith("[ptdash] finished") for line in said), said
