@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from overhead import make_gpt, make_mlp, make_wide
 
-    from ptdash.rollback import BUDGET_SHARE, MIN_EVERY
+    from ptdash.keeper import BUDGET_SHARE, MIN_EVERY
     from ptdash.snapshot import Snapshot, side_sources
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -135,7 +135,7 @@ def engine_ratio(w, rounds: int, steps: int) -> None:
                         w.step("plain")
                         times.append(time.thread_time() - t0)
                     if engine.rollback is not None:
-                        kept = engine.rollback.every
+                        kept = engine.rollback.keeper.every
                 finally:
                     engine.finish("finished", 0)
                 medians[name].append(statistics.median(times[steps // 2:]))

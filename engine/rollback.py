@@ -1,83 +1,57 @@
-"""``--on-anomaly rollback``: keep the last good state in host memory and go back to it.
+"""``--on-anomaly rollback``: the policy. When a step is bad, where to go back, what the run is told.
 
-Every K steps the step's end copies the training state into a host snapshot (snapshot.py).
-It is *good* once every step up to it is known sound: at once on CPU (each step's loss and
-gradient norm are judged before its update, for nothing); on a GPU once the flusher has
-judged the rows it moves to the host anyway (meanwhile the one before stays: two copies);
-under DDP once every rank says so at a command exchange (hub.py), so that every rank
-promotes, and rolls back, at the same exchange. A bad step (non-finite, or a spike:
-spikes.py) has the good snapshot restored in place and the update under way dropped; the
-script's loop goes on with its next batches. See docs/rollback.md.
+The snapshots themselves (taken every K steps, promoted once known sound, put back in place)
+are the keeper's (keeper.py). This module decides: on CPU each step's loss and gradient norm
+are judged before its update (spikes.py), for nothing; on a GPU the flusher judges the rows it
+moves to the host anyway, and a bad step found there rolls back at the next step boundary, to
+the newest snapshot taken before it; under DDP no rank decides alone: every rank says what it
+found at a command exchange (hub.py), and every rank promotes, and rolls back, at the same
+exchange. A bad step (non-finite, or a spike) has the good snapshot restored in place and the
+update under way dropped; the script's loop goes on with its next batches. Too many rollbacks
+pause (or stop) the run; ``--rollback-lr`` lowers the LR for a while. See docs/rollback.md.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from typing import Callable
 
-import torch
-
+from .keeper import Keeper
 from .shared import events
-from .shared.diskspace import fmt_bytes
 from .shared.names import GRAD_NORM, LOSS
 from .shared.protocol import Command
-from .snapshot import Snapshot, default_memory, sharded_models, side_sources
 from .spikes import WARMUP, Window
-
-MIN_EVERY = 10
-"""Steps between refreshes at least, when ``--rollback-every`` is not given."""
-DDP_EVERY = 100
-"""Steps between refreshes under DDP without ``--rollback-every``: every rank must refresh
-at the same steps, so the period cannot follow each rank's own timing."""
-BUDGET_SHARE = 0.5
-"""The share of the overhead budget the refreshes may take (the rest is the statistics')."""
 
 
 class Rollback:
-    """The snapshots, the spike limits and the decision to roll back (module docstring).
+    """The spike limits and the decision to roll back (module docstring); ``keeper`` holds
+    the snapshots.
 
     ``discovery`` finds the script's objects; ``journal`` journals; ``settings`` holds the
     LR factor; ``submit(command)`` queues a pause or a stop; ``dist`` is the rank channel;
-    ``budget_pct`` the overhead budget; ``unattended``: a pause would only time out.
+    ``unattended``: a pause would only time out.
     """
 
     def __init__(self, config, discovery, journal, settings, submit: Callable[[Command], None], dist,
-                 unattended: bool) -> None:
+                 unattended: bool, step_seconds: Callable[[], float] = lambda: 0.0) -> None:
         self._discovery, self._journal, self._settings, self._submit = discovery, journal, settings, submit
         self._dist, self._unattended = dist, unattended
-        self._fixed_every = config.rollback_every
-        self.every = config.rollback_every or MIN_EVERY
-        self._budget = config.overhead_budget / 100.0
-        self.memory = config.rollback_memory or default_memory()
+        self.keeper = Keeper(config=config, discovery=discovery, journal=journal, dist=dist,
+                             step_seconds=step_seconds, stopped=self._stopped)
         self._lr = config.rollback_lr
         self._limit = config.rollback_limit
         self.acting = config.on_anomaly == "rollback"
         """Whether anomalies roll back by themselves (else only the ``rollback`` command does)."""
-        self.good: Snapshot | None = None
-        self.pending: Snapshot | None = None
-        self._spare: Snapshot | None = None
-        self._stream = None
-        self.off: str | None = None
-        """Why no snapshot is kept (too big, ranks without ptdash), or None."""
-        self._noted = False
-        self.refresh_s = 0.0
         self.loss = Window()
         self.norm = Window()
         self._norm_before: float | None = None  # the newest good norm the training thread judged
-        self.at_step = False
-        """Whether every step is judged before its update (the state is on CPU)."""
-        self.judging = False
-        """Whether the training thread judges spikes (rolling back by itself, on CPU)."""
         self.state = None
         """The step boundary's shared state (stepstate.py), told the loss's spike limit."""
         self.verified = 0
         """The step up to which the flusher found every step sound (GPU)."""
         self.wanted: tuple[int, str] | None = None
         """A rollback asked for by the flusher or by this rank's vote: (first bad step, why)."""
-        self.due = False
-        """Something for the next step boundary: a rollback, or a CUDA copy to fence."""
-        self._fence: Snapshot | None = None
+        self._wanted_due = False
         self._excluded: list[list[float]] = []
         """[first, last] step ranges whose rows are left out of the windows (rolled back)."""
         self._times: list[int] = []
@@ -86,26 +60,42 @@ class Rollback:
         self._early: list[float] = []
         self._dropped = -1
         """The step whose update the last rollback dropped."""
-        self._next = self.every
-        self._aligned = bool(config.rollback_every) or dist.multi
-        """Refreshes at multiples of ``every`` (every rank at the same steps), else ``every``
-        steps after the last one (the period follows the measured cost)."""
 
     @classmethod
     def for_run(cls, config, discovery, journal, settings, controls, anomalies, hooks, dist) -> Rollback | None:
         """The part a run's config asks for, wired to the parts that call it; None when it keeps no snapshot."""
         if config.on_anomaly != "rollback" and not config.rollback_every:
             return None
-        part = cls(config, discovery, journal, settings, controls.submit, dist, config.pause_timeout is not None)
+        part = cls(config, discovery, journal, settings, controls.submit, dist, config.pause_timeout is not None,
+                   step_seconds=lambda: hooks.state.last_step_s)
         part.state = hooks.state
-        part.step_seconds = lambda: hooks.state.last_step_s
         controls.rollback = anomalies.rollback = hooks.pre.rollback = part
         return part
 
     @property
+    def off(self) -> str | None:
+        """Why no snapshot is kept (too big, shards, ranks without ptdash), or None."""
+        return self.keeper.off
+
+    @property
+    def at_step(self) -> bool:
+        """Whether every step is judged before its update (the state is on CPU)."""
+        return self.keeper.at_step
+
+    @property
+    def judging(self) -> bool:
+        """Whether the training thread judges spikes (rolling back by itself, on CPU)."""
+        return self.acting and self.keeper.at_step and self.keeper.off is None
+
+    @property
     def local(self) -> bool:
         """Whether this process decides alone (no rank channel)."""
-        return not self._dist.ready
+        return self.keeper.local
+
+    @property
+    def due(self) -> bool:
+        """Something for the next step boundary: a rollback, or a CUDA copy to fence."""
+        return self._wanted_due or self.keeper.fence_due
 
     # ------------------------------------------------------------- training thread
 
@@ -116,11 +106,7 @@ class Rollback:
             self._end_lr(step)
         if self.judging and self.loss.limit == math.inf:
             self._warm_up(step)
-        if self.pending is not None and self.local and self.pending.step <= self.verified and self.pending.ready():
-            self._promote()
-        if self.off is None and step > 0 and (step % self.every == 0 if self._aligned else step >= self._next):
-            self._refresh(step)
-            self._next = step + self.every
+        self.keeper.step_end(step, self.verified)
         return self.due
 
     def _warm_up(self, step: int) -> None:
@@ -137,80 +123,10 @@ class Rollback:
             self.loss.early(self._early[-WARMUP * 4:])
             self.state.loss_max = self.loss.limit
 
-    def _refresh(self, step: int) -> None:
-        if self.pending is not None:
-            return  # the one before is not known sound yet (a flush, or an exchange, later): it stays
-        d = self._discovery
-        models = d.ensure_models()
-        optimizers = d.live(d.optimizers)
-        if not models or not optimizers:
-            return
-        if sharded_models(models):  # the same models on every rank: all stop keeping at once
-            self._stop_keeping("the model's parameters are shards (FSDP), which a snapshot cannot copy yet")
-            return
-        if self._dist.multi and not self._dist.ready:
-            self._stop_keeping("some ranks run without ptdash, so they could not roll back with the others")
-            return
-        t0 = time.perf_counter()
-        structure, sources = Snapshot.gather(models, optimizers, d.top_schedulers(), d.live(d.scalers))
-        cuda = any(t.device.type == "cuda" for t in sources)
-        self.at_step = not cuda
-        self.judging = self.acting and self.at_step
-        immediate = self.at_step and self.local
-        needed = Snapshot.needed(sources) * (1 if immediate else 2)
-        if needed > self.memory:
-            self._stop_keeping(f"the state takes {fmt_bytes(needed)} of host memory"
-                               f"{'' if immediate else ' (two copies)'}, over --rollback-memory {fmt_bytes(self.memory)}")
-            return
-        if cuda and self._stream is None:
-            self._stream = torch.cuda.Stream()
-        if immediate:
-            target = self.good = self.good or Snapshot()
-        else:
-            target = self.pending or self._spare or Snapshot()
-            self.pending, self._spare = target, None
-        target.take(step, structure, sources, self._stream if cuda else None, side=side_sources(models, structure, sources))
-        if cuda:
-            if len(optimizers) > 1:
-                target.fence()  # another optimizer updates after this step's end: wait now
-            else:
-                self._fence, self.due = target, True  # before the next update (its boundary)
-        seconds = time.perf_counter() - t0
-        self.refresh_s = seconds if not self.refresh_s else 0.8 * self.refresh_s + 0.2 * seconds
-        self._period()
-        if not self._noted:
-            self._noted = True
-            self._journal.event(events.Snapshot(step=step, bytes=needed, seconds=seconds, every=self.every,
-                                                limit=self.memory),
-                                f"rollback: the state of step {step} is kept in host memory: {fmt_bytes(needed)}"
-                                f"{'' if immediate else ' (two copies)'}, {seconds * 1e3:.1f} ms a refresh, "
-                                f"every {self.every} steps (--rollback-memory {fmt_bytes(self.memory)})")
-
-    def _period(self) -> None:
-        """Steps between refreshes: --rollback-every, DDP_EVERY, or what the budget affords."""
-        if self._fixed_every:
-            return
-        if self._dist.multi:
-            self.every = DDP_EVERY
-            return
-        step_s = self.step_seconds()
-        if step_s > 0 and self._budget > 0:
-            self.every = max(MIN_EVERY, math.ceil(self.refresh_s / (BUDGET_SHARE * self._budget * step_s)))
-
-    step_seconds: Callable[[], float] = staticmethod(lambda: 0.0)
-    """The recent step time (the engine sets it)."""
-
-    def _promote(self, wait: bool = False) -> None:
-        if wait and self.pending.done is not None:
-            self.pending.done.synchronize()  # issued a flush or an exchange ago: long landed, as a rule
-        self.good, self._spare, self.pending = self.pending, self.good, None
-
-    def _stop_keeping(self, why: str) -> None:
-        self.off = why
-        self.judging = False
+    def _stopped(self, why: str) -> None:
+        """The keeper keeps no snapshot from now on: an anomaly pauses instead."""
         if self.state is not None:
             self.state.loss_max = math.inf
-        self.good = self.pending = self._spare = None
         self._journal.event(events.Warned(text=why), f"rollback off: {why}; an anomaly pauses the run instead")
 
     def judge(self, losses: list, norm: float | None) -> str | None:
@@ -243,52 +159,44 @@ class Rollback:
     def at_boundary(self, step: int) -> None:
         """The step boundary before step ``step + 1``'s update: fence a CUDA copy, and roll
         back when the flusher asked (alone)."""
-        self.due = False
-        if self._fence is not None:
-            self._fence.fence()
-            self._fence = None
+        self._wanted_due = False
+        self.keeper.fence()
         if self.wanted is not None and self.local:
             first, why = self.wanted
             self.restore(step + 1, first, why)
 
     def command(self, step: int) -> tuple[bool, str]:
         """The ``rollback`` command (dashboard, ``ptdash ctl``): roll back now."""
-        if self.good is None:
+        if self.keeper.good is None:
             return False, self._nothing()
         self.restore(step + 1, step + 1, "a rollback asked for")
-        return True, f"rolled back to step {self.good.step}"
+        return True, f"rolled back to step {self.keeper.good.step}"
 
     def _nothing(self) -> str:
         if self.off:
             return f"nothing to roll back to: {self.off}"
         if not self._discovery.live(self._discovery.optimizers):  # steps ptdash infers (manual.py)
             return "nothing to roll back to: the script updates its parameters itself (no torch.optim optimizer)"
-        return ("nothing to roll back to yet: no snapshot before the bad step was known sound" if self._noted
-                else f"nothing to roll back to yet: the first snapshot is taken at step {self.every}")
+        return ("nothing to roll back to yet: no snapshot before the bad step was known sound" if self.keeper.noted
+                else f"nothing to roll back to yet: the first snapshot is taken at step {self.keeper.every}")
 
     def restore(self, step: int, first: int, why: str) -> None:
         """Put the good state back and drop the gradients of the update of ``step``."""
+        keeper = self.keeper
         self.wanted, self._dropped = None, step
-        if self.local and self.pending is not None and self.pending.step <= min(self.verified, first - 1):
-            self._promote(wait=True)  # the flush that found the bad step judged every step up to it
-        if self.pending is not None:  # taken after the bad step, perhaps: never promoted
-            self._spare, self.pending = self.pending, None
+        if self.local:  # the flush that found the bad step judged every step up to it
+            keeper.promote_through(min(self.verified, first - 1))
+        keeper.drop_pending()
         self._close_exclusion(first, step)
-        d = self._discovery
-        optimizers = d.live(d.optimizers)
-        good = self.good
+        try:
+            good = keeper.put_back()
+        except ValueError as exc:
+            keeper.stop(str(exc))
+            return
         if good is None:
-            self._drop_grads(optimizers)
             self._journal.event(events.Rollback(step=step, from_step=first, why=why, skipped=1),
                                 f"{why} at step {first}; {self._nothing()}: the update of step {step} is skipped")
             return
-        try:
-            good.restore(d.ensure_models(), optimizers, d.top_schedulers(), d.live(d.scalers))
-        except ValueError as exc:
-            self._drop_grads(optimizers)
-            self._stop_keeping(str(exc))
-            return
-        self._drop_grads(optimizers)
         skipped = step - good.step
         self._times = [s for s in self._times if s > step - self._limit[1]] + [step]
         lowered = self._lower_lr(step)
@@ -304,13 +212,6 @@ class Rollback:
             self._journal.event(events.Rollback(step=step, limit=n, within=m, action=what),
                                 f"more than {n} rollbacks within {m} steps: {what}ping instead of rolling back again")
             self._submit(Command(id=f"rollback-limit-{step}", name=what))
-
-    @staticmethod
-    def _drop_grads(optimizers) -> None:
-        for opt in optimizers:
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    p.grad = None  # the optimizer skips parameters without gradients
 
     def _lower_lr(self, step: int) -> bool:
         if self._lr is None:
@@ -348,8 +249,7 @@ class Rollback:
         why, through, first = verdict
         bad = first if first is not None else step + 1
         sound = through if not why or through is None else min(through, bad - 1)  # the newest step judged good
-        if self.pending is not None and sound is not None and self.pending.step <= sound:
-            self._promote(wait=True)  # every rank judged it sound; a rollback the same verdict asks goes to it
+        self.keeper.promote_through(sound)  # every rank judged it sound; a rollback the same verdict asks goes to it
         if why:
             self.restore(step + 1, bad, why)
 
@@ -370,7 +270,7 @@ class Rollback:
                     if norm is not None and self.norm.over(norm, self.norm.newest) else None
                 if why is not None:
                     self._exclude(step)
-                    self.wanted, self.due = (step, why), True
+                    self.wanted, self._wanted_due = (step, why), True
                     continue
             if nonfinite:
                 continue

@@ -100,7 +100,7 @@ def test_the_training_thread_judges_a_cpu_norm_by_the_one_before_it():
     def judged(series) -> list[int]:
         part = Rollback(RunConfig(on_anomaly="rollback"), None, None, None, lambda c: None,
                         SimpleNamespace(multi=False, ready=False), unattended=True)
-        part.at_step = part.judging = True
+        part.keeper.at_step = True
         found = []
         for i, norm in enumerate(series):
             if i % 10 == 0:
