@@ -37,6 +37,17 @@ per-layer norms when the script's clip (or a ``--clip``/live clip) computes them
 commands at the step boundary (a command that comes in during a lean step that runs without
 the pre-step hook, prestep.py, is applied at the next step's boundary: a step later at most;
 its answer names the step). ``k`` is at most K_MAX.
+
+**The floor.** However short the steps, a sampled step (with it the total gradient norm)
+comes at least every FLOOR_S seconds and every ``step / FLOOR_PARTS`` steps (``floor_every``),
+so no run loses its norm for a long stretch of its length: a 150-step run whose steps
+cost a fraction of the norm pass is sampled every 16-32 steps after its first 64, not once
+in 256 (never, in a run that short). It costs the budget early in a long run, for a few
+hundred steps, until the period it would choose is allowed.
+
+**What was kept** is counted (``observe``; the flusher's ``kept``) and read with the cost:
+the main steps, those with a total norm, those whose per-layer norms and update ratios the
+store kept (``ptdash/kept_*``), so the summaries say "per-layer norms at 98 of 768 steps".
 """
 
 from __future__ import annotations
@@ -58,6 +69,10 @@ SAMPLED_WINDOW = 16
 """Recent sampled steps whose median extra cost decides."""
 LOOSEN = 0.8
 """Sampling is made denser only when the denser rate costs under this share of the budget."""
+FLOOR_S = 5.0
+"""A sampled step (the total gradient norm with it) at least this often, in seconds of steps."""
+FLOOR_PARTS = 4
+"""A sampled step at least every ``step / FLOOR_PARTS`` steps: never a gap of a quarter of the run so far."""
 
 
 def cost(fixed_s: float, extra_s: float, every: int) -> float:
@@ -88,6 +103,16 @@ def choose_every(step_s: float, fixed_s: float, extra_s: float, share: float, cu
     return loose if loose < current else current
 
 
+def floor_every(step: int, step_s: float) -> int:
+    """The sparsest period the floor allows at ``step`` for steps of ``step_s`` seconds: the
+    largest power of two (1..K_MAX) within ``step / FLOOR_PARTS`` steps and FLOOR_S seconds."""
+    limit = min(K_MAX, step / FLOOR_PARTS, FLOOR_S / step_s if step_s > 0 else K_MAX)
+    k = 1
+    while k * 2 <= limit:
+        k *= 2
+    return k
+
+
 class Budget:
     """The running measure and the sampling period the hot path reads (``every``)."""
 
@@ -112,6 +137,9 @@ class Budget:
         """The latest reading (see ``reading``)."""
         self.on_change: list = []
         """Called (flusher thread, no arguments) after ``every`` changed."""
+        self.kept_steps = self.kept_norm = self.kept_layers = self.kept_ratios = 0
+        """Main steps recorded; of them, with a total norm; with per-layer norms and update
+        ratios the store kept (``kept``)."""
 
     @property
     def doctor_every(self) -> int:
@@ -123,6 +151,8 @@ class Budget:
         for r in records:
             if r.opt or r.times is None:
                 continue
+            self.kept_steps += 1
+            self.kept_norm += r.total is not None
             if not self._first_skipped:
                 # The process's first step: its own time is ptdash's start-up (finding the
                 # optimizer, the model, the loaders; tens of milliseconds), not a step's cost.
@@ -148,7 +178,8 @@ class Budget:
         extra = statistics.median(self._extra)
         if step_s <= 0:
             return None
-        every = choose_every(step_s, fixed, extra, self.share, self.every)
+        chosen = choose_every(step_s, fixed, extra, self.share, self.every)
+        every = min(chosen, floor_every(self._last_step, step_s))
         if every == self.every:
             return None
         before, self.every = self.every, every
@@ -160,7 +191,14 @@ class Budget:
         return (f"sampling: per-layer gradient norms {rate} from step {self._last_step + 1}, doctor checks one "
                 f"step in {self.doctor_every} (was one in {before}): ptdash's own time "
                 f"{cost(fixed, extra, before) * 1e6:.0f} us of a {step_s * 1e3:.3g} ms step at the old rate, "
-                f"{cost(fixed, extra, every) * 1e6:.0f} us at the new; budget {self.percent:g}%{floor}")
+                f"{cost(fixed, extra, every) * 1e6:.0f} us at the new; budget {self.percent:g}%{floor}"
+                + (f"; the budget alone would sample one step in {chosen}, the floor keeps a sampled step at "
+                   f"least every {FLOOR_S:g} s and every quarter of the steps so far" if chosen > every else ""))
+
+    def kept(self, layers: int, ratios: int) -> None:
+        """The flusher stored per-layer records of ``layers`` steps, ``ratios`` of them with update ratios."""
+        self.kept_layers += layers
+        self.kept_ratios += ratios
 
     def reading(self) -> dict[str, float | None]:
         """ptdash's cost since the previous reading, as samples (flusher thread, once a second).
@@ -192,5 +230,7 @@ class Budget:
         self.last = {names.STEP_PCT: step_pct,
                      names.THREADS_PCT: 100.0 * cpu / elapsed if elapsed > 0 else None,
                      names.LAYERS_EVERY: float(self.every), names.DOCTOR_EVERY: float(self.doctor_every),
-                     names.BUDGET_PCT: self.percent}
+                     names.BUDGET_PCT: self.percent, names.KEPT_STEPS: float(self.kept_steps),
+                     names.KEPT_NORM: float(self.kept_norm), names.KEPT_LAYERS: float(self.kept_layers),
+                     names.KEPT_RATIOS: float(self.kept_ratios)}
         return self.last

@@ -261,7 +261,16 @@ class Flusher:
         record = Layers(step=last.step, grad_norms=last.grad_norms, update_ratios=ratios, flags=flags)
         new: list[Layers | LayerNames] = [names] if fresh else []
         due = fresh or self._layer_record_due()
-        return new + ([record] if due else []), new + [record]
+        # Every step with update ratios is stored (one in --update-ratio-every: few, and each is the
+        # only record of its ratios); the per-layer norms of the others once a second (LAYER_RECORD_S).
+        kept = [Layers(step=r.step, grad_norms=r.grad_norms, update_ratios=r.update_ratios)
+                for r in layer_rows[:-1] if r.update_ratios is not None and len(r.grad_norms) == len(names.names)]
+        if due or last.update_ratios is not None:
+            kept.append(record if last.update_ratios is not None or ratios is None else
+                        Layers(step=last.step, grad_norms=last.grad_norms, flags=flags))
+        if self._budget is not None:
+            self._budget.kept(len(kept), sum(k.update_ratios is not None for k in kept))
+        return new + kept, new + [record]
 
     def _layer_record_due(self) -> bool:
         now = time.monotonic()

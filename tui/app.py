@@ -264,7 +264,8 @@ class DashboardApp(CommandActions, App[str]):
         header.connection = state.connection_note
         header.pause_reason = state.pause_reason
         self.query_one(Overview).refresh_charts(state, self.view, self.comparison.runs(state), self.comparison.by_time)
-        self.query_one(LayersView).refresh_layers(state.layers, names.GRAD_NORM_LOCAL in state.series)
+        self.query_one(LayersView).refresh_layers(state.layers, names.GRAD_NORM_LOCAL in state.series,
+                                                  system.kept_counts(state))
         for view in self.query(ReportView):
             view.refresh_report(state)
         self._show_ranks_tab()

@@ -1,7 +1,8 @@
 """``ptdash show RUN --once``: a run summed up in plain text or JSON, with no terminal needed.
 
 Status, steps, duration and rate, the first, last and best loss, the last LR, the
-gradient norm's range, the metrics the script printed (last, min, max), every change of the
+gradient norm's range, at how many steps the store kept the total norm, the per-layer
+norms and the update ratios, the metrics the script printed (last, min, max), every change of the
 clip norm or the LR factor, every anomaly and what was done about it (incidents.py: each
 rollback, skip, pause), the doctor's findings and where the checkpoints are. Read from run.json and the store (live or
 finished): a series' extremes come from the store's summary table, so a run of a
@@ -27,7 +28,7 @@ from .findings import Findings
 from .incidents import Incident, Incidents, listing
 from .fmt import fmt_duration, fmt_si
 from .runs import RunSummary
-from .tabs.system import cost_line, sampling_line
+from .tabs.system import cost_line, kept_line, sampling_line
 
 _CHECKPOINT = re.compile(r"^step-(\d+)\.pt$")
 PRINTED_SHOWN = 8
@@ -43,7 +44,7 @@ def summarize(run: RunSummary) -> dict:
            "ended": info.ended, "duration_s": None, "steps_per_s": None, "loss": None, "lr": None,
            "grad_norm": None, "printed": [], "changes": [], "anomalies": [], "findings": [],
            "checkpoints": _checkpoints(run.path),
-           "cost": None, "damage": None,
+           "cost": None, "kept": None, "damage": None,
            "parent": {"run_dir": info.parent, "id": info.parent_id, "step": info.fork_step} if info.parent else None}
     try:
         reader = RowReader(run.path / STORE_NAME)
@@ -73,6 +74,7 @@ def summarize(run: RunSummary) -> dict:
             out["grad_norm"] = {"min": _point(norm.low), "max": _point(norm.high), "last": _point(norm.last)}
         out["printed"] = _printed(reader)
         out["cost"] = _cost(reader)
+        out["kept"] = reader.kept()  # what the store holds, over every attempt of the run
         findings, incidents = Findings(), Incidents()
         for event in reader.events():
             findings.add(event)
@@ -186,6 +188,9 @@ def render(s: dict) -> str:
         said = cost_line(c["step_pct"], c["threads_pct"], c["budget_pct"])
         sampled = sampling_line(c["layers_every"], c["doctor_every"])
         lines.append(_row("cost", f"{said} (median over the run)" + (f"; {sampled} at the end" if sampled else "")))
+    kept = kept_line(s.get("kept"))
+    if kept:
+        lines.append(_row("kept", kept.removeprefix("kept: ")))
     ck = s["checkpoints"]
     lines.append(_row("checkpoints", f"{ck['count']} in {ck['dir']}, newest {ck['newest']}" if ck["count"]
                       else "none"))

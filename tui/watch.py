@@ -191,6 +191,10 @@ def progress_line(reader: StoreReader, info: RunInfo, last: Event | None = None,
         parts.append(f"lr {lr:.2e}")
     if norm is not None:
         parts.append(f"grad norm {norm:.3g}")
+    elif names.GRAD_NORM not in values:  # a step the cost budget did not sample: the newest norm, and its step
+        at, norm = reader.newest([names.GRAD_NORM]).get(names.GRAD_NORM, (None, None))
+        if at is not None:
+            parts.append(f"grad norm {'non-finite' if norm is None else f'{norm:.3g}'} @{at}")
     held_out = [n for n in reader.names() if (p := names.parse_printed(n)) is not None and names.held_out(p)]
     if held_out:  # the newest validation metric the script printed: "val_loss 2.2921 @200"
         name, (at, value) = max(reader.newest(held_out).items(), key=lambda item: (item[1][0], item[0]),

@@ -68,6 +68,14 @@ STEP_PCT = ptdash("step_pct")
 THREADS_PCT = ptdash("threads_pct")
 LAYERS_EVERY = ptdash("layers_every")
 DOCTOR_EVERY = ptdash("doctor_every")
+KEPT_STEPS = ptdash("kept_steps")
+"""Main steps this engine process recorded (the counts below are out of these)."""
+KEPT_NORM = ptdash("kept_norm_steps")
+"""Of them, the steps with a total gradient norm."""
+KEPT_LAYERS = ptdash("kept_layer_steps")
+"""The steps whose per-layer norms the store kept (its per-layer history)."""
+KEPT_RATIOS = ptdash("kept_ratio_steps")
+"""The steps whose update ratios the store kept."""
 BUDGET_PCT = ptdash("budget_pct")
 
 

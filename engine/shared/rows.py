@@ -178,6 +178,24 @@ class RowReader(StoreReader):
         steps = sorted(found)
         return steps, [found[s] for s in steps]
 
+    def kept(self, rank: int = 0) -> dict[str, int] | None:
+        """How many steps of ``rank`` the store kept each thing at: ``steps`` (every recorded
+        step), ``norm`` (a total gradient norm), ``layers`` (per-layer norms) and ``ratios``
+        (update ratios); None for a store it cannot count."""
+        norm_id = self._name_ids().get(names.GRAD_NORM, -1)
+        found = self._rows(
+            "SELECT (SELECT count(*) FROM steps WHERE rank = ?), "
+            "(SELECT count(*) FROM scalars WHERE name_id = ? AND rank = ?), "
+            "(SELECT count(*) FROM blobs WHERE kind = 'layers' AND rank = ?), "
+            # The store writes compact JSON (store._json) in field order: a record without
+            # ratios holds this text, one with them a list in its place.
+            "(SELECT count(*) FROM blobs WHERE kind = 'layers' AND rank = ? AND "
+            "instr(data, CAST('\"update_ratios\":null' AS BLOB)) = 0)",
+            (rank, norm_id, rank, rank, rank), "in its counts")
+        if not found or not all(type(v) is int for v in found[0]):
+            return None
+        return dict(zip(("steps", "norm", "layers", "ratios"), found[0]))
+
     def _name_ids(self) -> dict[str, int]:
         return {n: i for i, n in self._rows("SELECT id, name FROM names", (), "in its list of names")
                 if isinstance(n, str)}

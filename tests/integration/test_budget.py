@@ -61,8 +61,8 @@ def test_sampling_thins_when_steps_become_fast_and_recovers_when_they_slow(tmp_p
     # show --once says it too: the median share over the run, the budget, the periods at the end.
     text = ptdash("show", "run", "--once", cwd=tmp_path).stdout
     assert re.search(r"cost        ptdash: (<0\.1|\d+\.\d)% of step time \(budget 10%\), its threads "
-                     r"(<0\.1|\d+\.\d)% of a core \(median over the run\); per-layer norms and update ratios: "
-                     r"every step; doctor checks", text), text
+                     r"(<0\.1|\d+\.\d)% of a core \(median over the run\); not thinned: every step sampled "
+                     r"\(total and per-layer norms; update ratios every --update-ratio-every\); doctor checks", text), text
     summary = json.loads(ptdash("show", "run", "--once", "--json", cwd=tmp_path).stdout)
     cost = summary["cost"]
     assert cost["budget_pct"] == 10.0 and cost["layers_every"] == 1 and cost["doctor_every"] == 16

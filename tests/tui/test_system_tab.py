@@ -90,3 +90,24 @@ def test_system_profiler_oom_and_anomaly_tabs(tmp_path):
         asyncio.run(asyncio.wait_for(scenario(engine), 300))
 
 
+
+
+def test_the_system_and_layers_tabs_say_what_was_kept_as_counts(tmp_path):
+    run_dir = make_run(tmp_path, steps=100, status="running", layers=20)
+
+    async def scenario(engine: FakeEngine):
+        app = make_app(LiveSource(run_dir), redraw_hz=20)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await until(pilot, lambda: app.source.can_control, what="connection")
+            engine.server.publish(Samples(rows=[[time.time(), {
+                "ptdash/step_pct": 1.4, "ptdash/threads_pct": 0.5, "ptdash/budget_pct": 1.0,
+                "ptdash/layers_every": 32.0, "ptdash/doctor_every": 512.0, "ptdash/kept_steps": 100.0,
+                "ptdash/kept_norm_steps": 71.0, "ptdash/kept_layer_steps": 9.0, "ptdash/kept_ratio_steps": 1.0}]]))
+            await pilot.press("3")
+            await until(pilot, lambda: "kept: total grad norm at 71 of 100 steps, per-layer norms at 9, update "
+                        "ratios at 1 (this engine process)" in screen_text(app), what="kept counts")
+            await pilot.press("2")
+            await until(pilot, lambda: "norms kept at 9 of 100 steps" in screen_text(app), what="layers summary")
+
+    with FakeEngine(run_dir, step=100) as engine:
+        asyncio.run(asyncio.wait_for(scenario(engine), 300))

@@ -100,3 +100,32 @@ def test_the_dashboard_knows_the_sparsest_sampling():
     from ptdash.tui.tabs.system import K_MAX as SHOWN
 
     assert SHOWN == K_MAX
+
+
+def test_the_floor_keeps_a_sampled_step_every_quarter_of_the_run_and_every_few_seconds():
+    from ptdash.budget import FLOOR_S, floor_every
+
+    assert floor_every(72, 1e-3) == 16 and floor_every(150, 1e-3) == 32 and floor_every(4096, 1e-3) == K_MAX
+    assert floor_every(100_000, 0.1) == 32  # 5 s of 100 ms steps: 50 steps, a power of two within them
+    assert floor_every(100_000, 2 * FLOOR_S) == 1 and floor_every(3, 1e-3) == 1
+    # A 150-step run whose steps cannot afford the norm pass: held at the floor, said so, then let go.
+    budget = Budget(1.0)
+    budget.observe(_records(1, 72, 1e-3, 50 * US, 100 * US, 1))
+    change = budget.decide()
+    assert budget.every == 16 and "the budget alone would sample one step in 256" in change, change
+    budget.observe(_records(73, 80, 1e-3, 50 * US, 100 * US, budget.every))
+    budget.decide()
+    assert budget.every == 32  # step 152: a quarter of it is 38
+    budget.observe(_records(153, 2000, 1e-3, 50 * US, 100 * US, budget.every))
+    assert "would sample" not in budget.decide() and budget.every == K_MAX
+
+
+def test_what_was_kept_is_counted():
+    budget = Budget(1.0)
+    records = _records(1, 40, 2e-3, 10 * US, 100 * US, 4)  # a total norm on every 4th step
+    records = [r._replace(total=0.5) if r.layers is not None else r for r in records]
+    budget.observe(records + [records[0]._replace(opt=1)])  # another optimizer's record is no step of its own
+    budget.kept(layers=3, ratios=1)
+    reading = budget.reading()
+    assert (reading["ptdash/kept_steps"], reading["ptdash/kept_norm_steps"]) == (40, 10)
+    assert (reading["ptdash/kept_layer_steps"], reading["ptdash/kept_ratio_steps"]) == (3, 1)

@@ -279,3 +279,16 @@ def test_no_progress_line_once_the_run_has_ended(tmp_path):
     said, watcher = _progress(run_dir, [], lambda: 0.0)
     watcher.poll(True)
     assert not any(line.startswith("[ptdash] finished") for line in said), said
+
+
+def test_a_step_without_a_norm_shows_the_newest_norm_and_its_step(tmp_path):
+    run_dir = make_run(tmp_path, steps=100, status="running", now=1_700_000_000.0)
+    with StoreReader(run_dir / STORE_NAME) as reader:
+        norm = reader.latest()[1][names.GRAD_NORM]
+        walls = reader.walls()[1]
+    writer = StoreWriter(run_dir / STORE_NAME)  # steps the cost budget did not sample: a loss, no norm
+    writer.write(rows=[[101 + i, walls[-1] + 0.05 * (i + 1), {names.LOSS: 0.5}] for i in range(20)])
+    writer.close()
+    with StoreReader(run_dir / STORE_NAME) as reader:
+        line = progress_line(reader, rundir.read_info(run_dir))
+    assert f"| grad norm {norm:.3g} @100 |" in line, line

@@ -76,7 +76,8 @@ def test_ptdash_own_cost_and_what_it_samples():
     assert "per-layer norms (and the total norm, unless the script clips) one step in 8" in text
     assert "doctor checks and the step split one step in 128" in text
     every = state_with(**{"ptdash/step_pct": 0.2, "ptdash/layers_every": 1.0, "ptdash/doctor_every": 16.0})
-    assert "per-layer norms and update ratios: every step" in text_of(system.report(every, 120), 120)
+    assert "not thinned: every step sampled (total and per-layer norms; update ratios every " \
+        "--update-ratio-every)" in text_of(system.report(every, 120), 120)
     tiny = state_with(**{"ptdash/step_pct": 0.03, "ptdash/threads_pct": 0.0, "ptdash/budget_pct": 1.0})
     assert "ptdash: <0.1% of step time (budget 1%), its threads 0.0% of a core" in text_of(system.report(tiny, 200), 200)
     # An engine that does not measure itself (an older run): no section at all.

@@ -243,12 +243,36 @@ def sampling_line(layers_every: float | None, doctor_every: float | None) -> str
     if layers_every is None:
         return None
     k = int(layers_every)
-    said = ("per-layer norms and update ratios: every step" if k <= 1 else
+    said = ("not thinned: every step sampled (total and per-layer norms; update ratios every "
+            "--update-ratio-every)" if k <= 1 else
             f"sampled to stay within the budget: per-layer norms (and the total norm, unless the script "
             f"clips) one step in {k}")
     if doctor_every is not None:
         said += f"; doctor checks and the step split one step in {int(doctor_every)}"
     return said
+
+
+KEPT = {"steps": names.KEPT_STEPS, "norm": names.KEPT_NORM, "layers": names.KEPT_LAYERS,
+        "ratios": names.KEPT_RATIOS}
+"""What the engine counts it kept (budget.py), by the keys ``kept_line`` reads."""
+
+
+def kept_counts(state: RunState) -> dict[str, int] | None:
+    """The engine's newest counts of what it kept (steps, and of them with a total norm,
+    per-layer norms, update ratios); None from an engine that does not count."""
+    values = {key: latest(state, name) for key, name in KEPT.items()}
+    if values["steps"] is None:
+        return None
+    return {key: int(value or 0) for key, value in values.items()}
+
+
+def kept_line(kept: dict | None) -> str | None:
+    """``kept: total grad norm at 150 of 150 steps, per-layer norms at 9, update ratios at 1``:
+    what was kept, as counts (never "every step" where it was not); None without a step."""
+    if not kept or not kept.get("steps"):
+        return None
+    return (f"kept: total grad norm at {kept['norm']:,} of {kept['steps']:,} steps, per-layer norms at "
+            f"{kept['layers']:,}, update ratios at {kept['ratios']:,}")
 
 
 def cost(state: RunState) -> list[RenderableType]:
@@ -262,6 +286,9 @@ def cost(state: RunState) -> list[RenderableType]:
     sampled = sampling_line(every, latest(state, names.DOCTOR_EVERY))
     if sampled:
         lines.append(_note(sampled, "yellow" if every and every > 1 else "dim"))
+    kept = kept_line(kept_counts(state))
+    if kept:
+        lines.append(_note(f"{kept} (this engine process)", "dim"))
     share, budget = latest(state, names.STEP_PCT), latest(state, names.BUDGET_PCT)
     if share is not None and budget is not None and share > budget and every is not None and every >= K_MAX:
         lines.append(_note("over the budget at the sparsest sampling: what ptdash keeps every step (step count, "

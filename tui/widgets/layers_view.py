@@ -101,6 +101,8 @@ class LayersView(Widget):
         super().__init__(id=id, classes=classes)
         self.stats = LayerStats()
         self.shards = False
+        self.kept: dict | None = None
+        """The engine's counts of what it kept (steps, per-layer norms), for the summary line."""
         self.rows: list[LayerRow] = []
         """What the table shows now, in order."""
         self.last_update_s = 0.0
@@ -138,12 +140,14 @@ class LayersView(Widget):
 
     # ---------------------------------------------------------------- data in
 
-    def refresh_layers(self, stats: LayerStats, shards: bool = False) -> None:
+    def refresh_layers(self, stats: LayerStats, shards: bool = False, kept: dict | None = None) -> None:
         """New statistics may have arrived: update the table, at most every UPDATE_S while shown.
-        ``shards``: the parameters are sharded (FSDP), so each norm is of rank 0's part of one."""
+        ``shards``: the parameters are sharded (FSDP), so each norm is of rank 0's part of one;
+        ``kept``: at how many steps the engine kept per-layer norms (tabs.system.kept_counts)."""
         self.stats = stats
-        if shards != self.shards:
+        if shards != self.shards or (kept is not None and kept != self.kept):
             self.shards = shards
+            self.kept = kept if kept is not None else self.kept
             if self.is_mounted:
                 self._summarize()
         if stats.version == self._seen_version or not self._on_screen() or self._timer is not None:
@@ -156,7 +160,7 @@ class LayersView(Widget):
 
     def _deferred(self) -> None:
         self._timer = None
-        self.refresh_layers(self.stats)
+        self.refresh_layers(self.stats, self.shards)
 
     def _on_screen(self) -> bool:
         return self.is_mounted and self.region.height > 0
@@ -225,6 +229,8 @@ class LayersView(Widget):
                  f"{'parameters' if self.grouped else 'modules'} (m)"]
         if stats.step is not None:
             parts.append(f"step {stats.step:,}")
+        if self.kept and self.kept.get("steps"):  # how often, as counts: never "every step" where it was not
+            parts.append(f"norms kept at {self.kept['layers']:,} of {self.kept['steps']:,} steps")
         if self.shards:  # what a sharded parameter's norm here is: not the whole parameter's
             parts.insert(1, "rank 0's shards (each norm: its part of the parameter)")
         self.query_one("#layers-summary", Static).update(" · ".join(parts))
