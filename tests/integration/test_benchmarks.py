@@ -79,6 +79,17 @@ def test_the_relay_cost_benchmark_runs():
     assert "relay, on a thread: median" in result.stdout and "x file); blocks" in result.stdout
 
 
+def test_the_judge_cost_benchmark_runs():
+    """benchmarks/judge_cost.py, short: it finds this ptdash's judge and times it."""
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "judge_cost.py"
+    result = subprocess.run([sys.executable, str(bench), "--calls", "2000", "--rows", "100", "--repeats", "2"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert out.startswith("judge: ptdash.") and "every step, training thread" in out and "per row, flusher thread" in out
+    assert "per step of a lean run (compare + learning): " in out, out
+
+
 def test_the_rollback_cost_benchmark_runs():
     """benchmarks/rollback_cost.py, short (its figures are its own, longer run)."""
     bench = Path(__file__).resolve().parents[2] / "benchmarks" / "rollback_cost.py"
