@@ -17,6 +17,7 @@ import sqlite3
 import sys
 import textwrap
 
+from ptdash.shared import integrity
 from ptdash.shared.events import PrintedMetric, Warned, read
 from ptdash.shared.protocol import Event
 from ptdash.shared.reader import StoreReader
@@ -43,6 +44,7 @@ def cmd_doctor(argv: list[str]) -> int:
         message = str(exc).strip().splitlines()
         print(f"ptdash: error: {message[0] if message else type(exc).__name__}", file=sys.stderr)
         return 1
+    damage = integrity.check(run.path / STORE_NAME).damage
     # run.json's step is the one of its newest change of state; a live run's store is newer.
     steps = max((s for s in (run.info.step, newest) if s is not None), default=None)
     until = {"ended_at": run.info.ended, "live": run.live}  # how long a stall the engine did not end lasted
@@ -53,12 +55,15 @@ def cmd_doctor(argv: list[str]) -> int:
                           "anomalies": [row.to_data() for row in _incidents(events).rows],
                           "warnings": [e.message for e in warnings],
                           "printed": [{"step": e.step, "rank": e.rank, **dataclasses.asdict(read(e))}
-                                      for e in _printed(events)]}, indent=2))
-        return 1 if found else 0
+                                      for e in _printed(events)],
+                          "damage": damage}, indent=2))
+        return 1 if found or damage else 0
     title = f"{run.path.name} ({run.state}" + (f" at step {steps}" if steps is not None else "") + ")"
     text, count = render(title, events, width=min(100, shutil.get_terminal_size((100, 24)).columns), **until)
     print(text)
-    return 1 if count else 0
+    if damage:
+        print(f"\nThe run's history is damaged: {damage}")
+    return 1 if count or damage else 0
 
 
 def fold(events: list[Event], ended_at: float | None = None, live: bool = False) -> tuple[list[Finding], list[Event]]:

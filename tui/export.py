@@ -78,9 +78,18 @@ def cmd_export(args: argparse.Namespace, window: int = WINDOW) -> int:
             progress.done(f"wrote {out}: {progress.count:,} steps, {len(columns)} series"
                           + (f", {len(samples):,} readings" if samples else ""))
         if reader.damage is not None:
-            print(f"ptdash: warning: {reader.damage}; exported what was read before it", file=sys.stderr)
+            print(f"ptdash: warning: {reader.damage}; {_salvage(reader)}", file=sys.stderr)
             return 1
     return 0
+
+
+def _salvage(reader: RowReader) -> str:
+    """What a damaged store's export holds: read around the damaged pages, or up to the damage."""
+    if reader.unread is None:
+        return "exported what was read before it"
+    values, first, last = reader.unread
+    return (f"exported everything else: {values:,} step(s) of series between steps {first:,} and {last:,} "
+            "are on damaged pages and left out")
 
 
 def write_csv(stream, columns: list[Column], rows) -> None:

@@ -99,31 +99,66 @@ class RowReader(StoreReader):
         where = {(c.rank, c.series, c.field): i for i, c in enumerate(columns) if c.field is not None}
         names = {rank: self._layer_names(rank) for rank in layered}
         ranks = self.ranks()
+        # Past damage the windows go on by step count up to the newest step the store
+        # knows: a damaged page costs its own steps, not the rest of the run.
+        newest = max((s for s in map(self.last_step, ranks) if s is not None), default=None)
+        bound = newest if last_step is None else min(last_step, newest if newest is not None else last_step)
         start = self._next_step(scalars, layered, None)
-        while start is not None and (last_step is None or start <= last_step):
-            end = start + window - 1 if last_step is None else min(start + window - 1, last_step)
+        while start is not None and (bound is None or start <= bound):
+            end = start + window - 1 if bound is None else min(start + window - 1, bound)
             table: dict[int, list[float | None]] = {}
             walls: dict[int, float] = {}
             try:
                 with self._snapshot():
                     for i, name_id, rank in scalars:
-                        for step, value in self._db.execute(
+                        for step, value in self._salvaged(
                                 "SELECT step, value FROM scalars WHERE name_id = ? AND rank = ? AND step BETWEEN ? AND ?",
-                                (name_id, rank, start, end)):
+                                (name_id, rank), start, end, "in its scalars"):
                             row = table.get(step) or table.setdefault(step, [None] * len(columns))
                             row[i] = _number(value)
                     for rank in layered:
                         self._fill_layers(rank, names[rank], where, start, end, table, len(columns))
                     for rank in reversed(ranks):  # rank 0's wall wins
-                        walls.update(self._db.execute(
-                            "SELECT step, wall FROM steps WHERE rank = ? AND step BETWEEN ? AND ?", (rank, start, end)))
-            except sqlite3.DatabaseError as exc:
+                        walls.update(self._salvaged("SELECT step, wall FROM steps WHERE rank = ? AND step BETWEEN ? AND ?",
+                                                    (rank,), start, end, "in its step times"))
+            except sqlite3.DatabaseError as exc:  # the per-parameter records: their window is skipped
                 self._damaged(exc, f"in steps {start}-{end}")
-                return
             for step in sorted(table):
                 if type(step) is int:
                     yield step, _number(walls.get(step)), table[step]
+            damage = self.damage
             start = self._next_step(scalars, layered, end)
+            if bound is not None and (self.damage is not damage or (start is None and self.damage is not None)):
+                start = end + 1  # where the next step is could not be read: the next window
+
+    unread: tuple[int, int, int] | None = None
+    """After ``rows`` met damage: ``(values, first_step, last_step)``, the values left out
+    because their pages are damaged and the steps they span; None while nothing was."""
+    SALVAGE_PROBES = 50_000
+    """Failed reads a damaged store's ``rows`` may spend finding what is whole around damaged pages."""
+    _probes = 0
+
+    def _salvaged(self, sql: str, key: tuple, lo: int, hi: int, what: str) -> list:
+        """The rows of ``sql`` over steps ``lo..hi``; past a damaged page the range is split
+        and read in parts, so only the steps on the damaged pages are left out."""
+        got: list = []
+        try:
+            for row in self._db.execute(sql, (*key, lo, hi)):
+                got.append(row)
+            return got
+        except sqlite3.DatabaseError as exc:
+            self._probes += 1
+            failed = exc
+        first = got[-1][0] + 1 if got and type(got[-1][0]) is int else lo
+        if first > hi:
+            return got
+        if first == hi or self._probes > self.SALVAGE_PROBES:
+            self._damaged(failed, f"{what} at step {first}" if first == hi else f"{what} in steps {first}-{hi}")
+            values, low, high = self.unread or (0, first, hi)
+            self.unread = (values + hi - first + 1, min(low, first), max(high, hi))
+            return got
+        mid = (first + hi) // 2
+        return got + self._salvaged(sql, key, first, mid, what) + self._salvaged(sql, key, mid + 1, hi, what)
 
     def stats(self, name: str, rank: int = 0) -> Stats | None:
         """The first, last, lowest and highest points of series ``name``; None when it has none."""
