@@ -35,7 +35,7 @@ from ptdash.shared.store import STORE_NAME
 
 from .ctl import send_command
 from .hardstop import HardStop
-from .watch import Watcher, progress_line
+from .watch import Watcher, anomalies_said, progress_line
 
 REPEAT_S = 0.5
 """A second SIGINT/SIGTERM this soon after the first is the same one: ``timeout`` and a
@@ -186,8 +186,9 @@ def headless(run_dir: Path, proc: subprocess.Popen, every: float = 5.0, link: so
     info = _ended(run_dir, code, signals.get("killed"))
     with wait_for_store(run_dir / STORE_NAME, 1) or nullcontext() as reader:
         line = progress_line(reader, info, status=False) if reader else ""
+        told = anomalies_said(reader, run_dir) if reader else ""
     say(f"[ptdash] {info.status} ({describe_exit(code)})" + (f"; {line.removeprefix('[ptdash] ')}" if line else "")
-        + f"\n[ptdash] run dir: {run_dir}")
+        + told + f"\n[ptdash] run dir: {run_dir}")
     return code
 
 

@@ -14,6 +14,7 @@ from ptdash.shared.reader import StoreReader, wait_for_store
 from ptdash.shared.store import STORE_NAME
 
 from .fmt import eta, fmt_duration
+from .incidents import Incidents
 from .series import StepRate
 
 SHOWN_KINDS = ("anomaly", "warning", "store", "disk", "oom", "stall", "node", "doctor", "rollback", "snapshot")
@@ -140,6 +141,15 @@ def asks_attention(event: Event, what: events.EventData) -> bool:
     if isinstance(what, events.Finding):
         return what.severity != "info"  # an engine that gave none: a warning (findings.py)
     return False
+
+
+def anomalies_said(reader: StoreReader, run_dir: Path) -> str:
+    """`` | 2 anomalies: ptdash show RUN --once lists them`` for the final line; empty without any."""
+    folded = Incidents()
+    for event in reader.events(kind="anomaly") + reader.events(kind="rollback"):
+        folded.add(event)
+    n = len(folded)
+    return f" | {n} anomal{'y' if n == 1 else 'ies'}: ptdash show {run_dir} --once lists them" if n else ""
 
 
 def pause_text(run_dir: Path, info: RunInfo, why: Event | None, timeout: float | None, known: bool = True) -> str:

@@ -61,7 +61,8 @@ def test_a_rolled_back_run_lists_its_rollback_in_show_and_the_doctor(tmp_path):
     result = ptdash("--headless", "--run-dir", "run", "--on-anomaly", "rollback", "--rollback-every", "10",
                     str(WILD), "--bad", "inf", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
-    assert sum(line.startswith("[ptdash] finished") for line in result.stdout.splitlines()) == 1
+    (final,) = [line for line in result.stdout.splitlines() if line.startswith("[ptdash] finished")]
+    assert re.search(r" \| \d+ anomal(y|ies): ptdash show run --once lists them$", final), final
     text = ptdash("show", "run", "--once", cwd=tmp_path).stdout
     assert re.search(r"^  anomalies   \d+$", text, re.M), text
     rows = [line.strip() for line in text.splitlines() if line.startswith("              step ")]
@@ -79,6 +80,7 @@ def test_a_rolled_back_run_lists_its_rollback_in_show_and_the_doctor(tmp_path):
 def test_a_healthy_run_says_it_had_no_anomalies(tmp_path):
     result = ptdash("--headless", "--run-dir", "run", str(WILD), "--bad", "none", "--steps", "60", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
+    assert "anomal" not in result.stdout
     text = ptdash("show", "run", "--once", cwd=tmp_path).stdout
     assert re.search(r"^  anomalies   none$", text, re.M), text
     assert json.loads(ptdash("show", "run", "--once", "--json", cwd=tmp_path).stdout)["anomalies"] == []
