@@ -143,10 +143,15 @@ def make_run(root: Path, steps: int = 500, status: str = "running", name: str = 
     if printed:
         for s in range(50, steps + 1, 50):
             loss = rows[s - 1][2]["loss"]
-            writer.write(rows=[[s, rows[s - 1][1], {
-                printed_series("val_loss"): round(loss * 1.08 + 0.05, 4),
-                printed_series("val_acc"): round(min(0.97, 0.3 + s / 800), 4),
-                printed_series("test_bleu"): round(2 + s / 40 + rng.random(), 3)}]])
+            found = {"val_loss": round(loss * 1.08 + 0.05, 4), "val_acc": round(min(0.97, 0.3 + s / 800), 4),
+                     "test_bleu": round(2 + s / 40 + rng.random(), 3)}
+            line = f"eval {s}: val_loss {found['val_loss']} val_acc {found['val_acc']} bleu {found['test_bleu']}"
+            # Each name's first value is an event, as the engine journals it (printed.py).
+            writer.write(rows=[[s, rows[s - 1][1], {printed_series(n): v for n, v in found.items()}]],
+                         events=[Event(kind="printed", step=s, wall=rows[s - 1][1],
+                                       message=f"found printed metric {n} = {v} at step {s}: {line}",
+                                       data={"name": n, "series": printed_series(n), "value": v, "line": line})
+                                 for n, v in found.items()] if s == 50 else [])
     seconds = int(steps * 0.05) + 1
     writer.write(samples=[host_sample(start + 2 + s, rng) for s in range(seconds)])
     if layers:
