@@ -116,7 +116,9 @@ class Checkpointer:
         """Before a save: is there room for it? ``--keep-last`` pruning is tried first (down
         to one fewer, the new one makes up the count); a save that cannot fit is not started,
         so it never fills the disk that the script's output and the store also need."""
-        free = diskspace.free_bytes(directory)
+        # What is free less the store's headroom: a checkpoint never takes the room the
+        # history needs (its WAL, its next rows), whatever else fills the disk.
+        free = diskspace.checkpoint_room(directory)
         if free is None or free >= needed:
             return
         keep = self._config.keep_last
@@ -127,14 +129,15 @@ class Checkpointer:
                 self._journal.event(events.Checkpoint(removed=tuple(map(str, removed))),
                                     f"removed {len(removed)} older checkpoint(s) before saving, "
                                     f"to make room (--keep-last {keep})")
-            free = diskspace.free_bytes(directory)
+            free = diskspace.checkpoint_room(directory)
             if free is None or free >= needed:
                 return
-        raise CheckpointError(self._no_space(free, needed))
+        raise CheckpointError(self._no_space(diskspace.free_bytes(directory), needed, kept=True))
 
-    def _no_space(self, free: int | None, needed: int) -> str:
+    def _no_space(self, free: int | None, needed: int, kept: bool = False) -> str:
         """The one plain line about a full disk (said once as a notice, then short)."""
-        what = f"checkpoint needs {diskspace.fmt_bytes(needed)}"
+        what = f"checkpoint needs {diskspace.fmt_bytes(needed)}" + (
+            f" and {diskspace.fmt_bytes(diskspace.STORE_HEADROOM_BYTES)} is kept free for the history" if kept else "")
         if diskspace.NOTICE.full(self.run_dir, what):
             return f"no space left on the run dir's filesystem: {diskspace.fmt_bytes(free)} free, {what}"
         return f"not saved: the run dir's filesystem is still full ({diskspace.fmt_bytes(free)} free, {what})"

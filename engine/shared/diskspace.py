@@ -5,9 +5,14 @@ can meet a full filesystem. None of them may end training over it: each keeps go
 says so through ``NOTICE``, which names the full disk once ("no space left on the run
 dir's filesystem: 3.1 MB free, checkpoint needs 5.2 MB") until it has room again.
 
-``RESERVE`` is a small file made with the run dir: when run.json cannot be written for
-want of space, it is deleted and the write tried again, so a run always ends in a final
-state. Stdlib only (the CLI makes the reserve).
+``RESERVE`` is a small file made with the run dir, space held back for the history:
+when the store meets a full disk it gives back a slice of it (``draw_reserve``) and
+writes again, so the history stays writable while the reserve lasts; its last slice is
+run.json's, given back for the run's last write, so a run always ends in a final state.
+Checkpoints leave ``STORE_HEADROOM_BYTES`` free besides (``checkpoint_room``): the store's
+WAL is bounded to about that, and a checkpoint never takes the room it needs. A run is
+not started with less than ``START_BYTES`` free (``check_start``). Stdlib only (the CLI
+makes the reserve).
 """
 
 from __future__ import annotations
@@ -24,8 +29,14 @@ from . import perms
 log = logging.getLogger("ptdash.diskspace")
 
 RESERVE = ".ptdash-reserve"
-RESERVE_BYTES = 1 << 20
-"""Space held back for run.json and the store's last writes at the run's end."""
+RESERVE_BYTES = 2_000_000
+"""Space held back in the run dir for the history (drawn on a slice at a time) and run.json's last write."""
+RESERVE_SLICE_BYTES = 250_000
+"""What the store gives back of the reserve at a time; the last slice is run.json's."""
+STORE_HEADROOM_BYTES = 1_000_000
+"""Free space a checkpoint leaves for the store: its WAL's bound (store.WAL_LIMIT_BYTES) and more."""
+START_BYTES = RESERVE_BYTES + STORE_HEADROOM_BYTES
+"""The least free space a run is started with: its reserve and the store's first room."""
 
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -109,23 +120,85 @@ NOTICE = Notice()
 """The process's one notice: the full disk is named once, whoever meets it first."""
 
 
+class NoSpace(OSError):
+    """Too little space to start a run; its message says so in words."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def check_start(directory: Path | str, what: str) -> None:
+    """Raise NoSpace unless ``directory``'s filesystem has START_BYTES free (``what``: the
+    directory as the user named it)."""
+    free = free_bytes(directory)
+    if free is not None and free < START_BYTES:
+        raise NoSpace(f"not enough space to start a run in {what}: {fmt_bytes(free)} free on its filesystem, "
+                      f"a run needs {fmt_bytes(START_BYTES)} to start (its history, output and a "
+                      f"{fmt_bytes(RESERVE_BYTES)} reserve that keeps the history writable on a full disk)")
+
+
+def checkpoint_room(directory: Path | str) -> int | None:
+    """The space a checkpoint may take in ``directory``: what is free less the store's headroom."""
+    free = free_bytes(directory)
+    return None if free is None else max(0, free - STORE_HEADROOM_BYTES)
+
+
 def make_reserve(run_dir: Path) -> None:
-    """Hold back RESERVE_BYTES in the run dir (best effort: a nearly full disk skips it)."""
+    """Hold back RESERVE_BYTES in the run dir; NoSpace (and no reserve file) when it does not fit."""
     path = Path(run_dir) / RESERVE
-    try:
-        fd = perms.open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    except OSError:
-        return
+    fd = perms.open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         try:
             os.posix_fallocate(fd, 0, RESERVE_BYTES)
-        except (OSError, AttributeError):
-            os.write(fd, bytes(RESERVE_BYTES))
-    except OSError:
+        except OSError as exc:
+            if exc.errno in FULL_ERRNOS:
+                raise
+            _write_zeros(fd, RESERVE_BYTES)  # a filesystem without fallocate
+    except OSError as exc:
         os.close(fd)
         path.unlink(missing_ok=True)
-        return
+        if exc.errno in FULL_ERRNOS:
+            raise NoSpace(f"not enough space for the run's {fmt_bytes(RESERVE_BYTES)} reserve in {run_dir} "
+                          f"({fmt_bytes(free_bytes(run_dir))} free)") from None
+        raise
     os.close(fd)
+
+
+def _write_zeros(fd: int, count: int) -> None:
+    """Write ``count`` zero bytes; a short write (the disk filled) raises ENOSPC."""
+    chunk = bytes(64 << 10)
+    done = 0
+    while done < count:
+        n = os.write(fd, chunk[:count - done])
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += n
+
+
+def reserve_bytes(run_dir: Path | str) -> int:
+    """What is left of the run dir's reserve."""
+    try:
+        return (Path(run_dir) / RESERVE).stat().st_size
+    except OSError:
+        return 0
+
+
+def draw_reserve(run_dir: Path | str) -> int:
+    """Give one slice of the reserve back to the filesystem, for the store's next write; the
+    bytes given back (0 when only run.json's slice is left)."""
+    path = Path(run_dir) / RESERVE
+    size = reserve_bytes(run_dir)
+    keep = max(RESERVE_SLICE_BYTES, size - RESERVE_SLICE_BYTES)
+    if size <= RESERVE_SLICE_BYTES:
+        return 0
+    try:
+        os.truncate(path, keep)
+    except OSError:
+        return 0
+    return size - keep
 
 
 def release_reserve(run_dir: Path) -> bool:

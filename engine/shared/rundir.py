@@ -55,11 +55,17 @@ def create(root: Path, name: str, exact: bool = False, group: int | None = None,
     sockets = private_dir()  # first: an unsafe socket directory leaves nothing behind
     stamp = time.strftime("%Y%m%d-%H%M%S")
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")[:40] or "run"
+    where = Path(root)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    diskspace.check_start(where, str(root / name) if exact else str(root))  # before anything is made
     root.mkdir(parents=True, exist_ok=True)
     if exact:
         path = root / name
+        existed = path.is_dir()
         perms.make_run_dir(path, group, exist_ok=True)
     else:
+        existed = False
         for n in range(1000):
             path = root / (f"{stamp}-{slug}" + (f"-{n}" if n else ""))
             try:
@@ -67,6 +73,24 @@ def create(root: Path, name: str, exact: bool = False, group: int | None = None,
                 break
             except FileExistsError:
                 continue
+    try:
+        return _fill(path, name, sockets, group, listed, fields)
+    except BaseException:
+        # A start that cannot be made (a disk filling meanwhile) leaves nothing behind:
+        # no half run dir, no reserve holding the last of the disk.
+        for made in sorted(path.iterdir(), reverse=True) if path.is_dir() else ():
+            if made.is_file() or made.is_symlink():
+                made.unlink(missing_ok=True)
+        if not existed:
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+        raise
+
+
+def _fill(path: Path, name: str, sockets: Path, group: int | None, listed: bool, fields: dict) -> Path:
+    """A new run dir's token, run.json and reserve; the run is recorded last."""
     run_id = secrets.token_hex(4)
     token_path = path / "token"
     # 0600 even in a shared run: its group may read the run, never steer it.

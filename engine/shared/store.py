@@ -68,6 +68,11 @@ CREATE TABLE IF NOT EXISTS samples (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
+WAL_CHECKPOINT_PAGES = 100
+"""The WAL is checkpointed into the database once it holds this many pages (400 kB of 4 kB pages)."""
+WAL_LIMIT_BYTES = 512_000
+"""What the WAL is cut back to after a checkpoint."""
+
 BACKLOG_ITEMS = 200_000
 """Items (rows, events, layer records) kept for a retry while the store cannot be written."""
 
@@ -105,6 +110,12 @@ class StoreWriter:
         # NORMAL in WAL mode: a crash of the process loses nothing committed; a power loss
         # may lose the last transactions but never corrupts the file.
         self._db.execute("PRAGMA synchronous=NORMAL")
+        # A bounded WAL: checkpointed every WAL_CHECKPOINT_PAGES pages (SQLite's default,
+        # 1,000 pages, let it grow to 4 MB and keep that size for ever), and cut back to
+        # WAL_LIMIT_BYTES after each, so on a filling disk it never takes the room the
+        # history needs (diskspace.STORE_HEADROOM_BYTES is kept free for it).
+        self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
+        self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         # One transaction: a reader never sees some of the tables without the others.
         self._db.executescript(f"BEGIN; {_SCHEMA} COMMIT;")
         self._name_ids: dict[str, int] = dict(
@@ -124,6 +135,9 @@ class StoreWriter:
         """Items dropped because the database could not be written for too long."""
         self.unwritten = 0
         """Items still unwritten when the writer closed (the disk stayed full)."""
+        self.drawn = 0
+        """Bytes of the run dir's reserve given back to the filesystem for the history."""
+        self._drawing = False
 
     def _name_id(self, name: str) -> int:
         id_ = self._name_ids.get(name)
@@ -185,6 +199,28 @@ class StoreWriter:
         return sum(p.size for p in self._backlog)
 
     def _write_part(self, part: _Part) -> None:
+        """Write one part; on a full disk, draw on the run dir's reserve (a slice at a time) and
+        write again while it lasts, so the history is written while any space is left."""
+        while True:
+            try:
+                return self._insert_part(part)
+            except sqlite3.OperationalError as exc:
+                if not (diskspace.is_full(exc) and self._draw_reserve()):
+                    raise
+
+    def _draw_reserve(self) -> bool:
+        freed = diskspace.draw_reserve(self.path.parent)
+        if freed:
+            left = diskspace.reserve_bytes(self.path.parent)
+            self.drawn += freed
+            log.warning("store: the disk is full; drew %d bytes of the run dir's reserve (%d left)", freed, left)
+            if not self._drawing:
+                self._drawing = True
+                self._notes.append(f"the disk is full: the history is written into the run dir's reserve "
+                                   f"({diskspace.fmt_bytes(freed + left)} held back for it)")
+        return bool(freed)
+
+    def _insert_part(self, part: _Part) -> None:
         with self._transaction():
             if part.kind == "scalars":
                 self._write_scalars(part.rank, part.items)
@@ -286,8 +322,14 @@ class StoreWriter:
         if not self._meta:
             return
         try:
-            with self._transaction():
-                self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(self._meta.items()))
+            while True:
+                try:
+                    with self._transaction():
+                        self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(self._meta.items()))
+                    break
+                except sqlite3.OperationalError as exc:
+                    if not (diskspace.is_full(exc) and self._draw_reserve()):
+                        raise
         except sqlite3.Error as exc:
             if not self._behind:
                 self._notes.append(f"cannot write now ({exc}); what it could not take is kept and retried")
