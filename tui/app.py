@@ -37,6 +37,7 @@ from .widgets.header import RunHeader
 from .widgets.help_screen import HelpScreen, key_rows
 from .widgets.layers_view import LayersView
 from .widgets.log_pane import LogPane
+from .widgets.metrics_view import MetricsView
 from .widgets.oom_screen import OomScreen
 from .widgets.overview import CHART_BINDINGS, Overview
 from .widgets.ranks_view import RanksView
@@ -75,6 +76,7 @@ class DashboardApp(CommandActions, App[str]):
         Binding("4", "show_tab('profiler')", "Profiler tab", id="tab.profiler", show=False),
         Binding("5", "show_tab('ranks')", "Ranks tab (DDP)", id="tab.ranks", show=False),
         Binding("6", "show_tab('doctor')", "Doctor tab", id="tab.doctor", show=False),
+        Binding("7", "show_tab('metrics')", "Metrics tab (every series)", id="tab.metrics", show=False),
     ]
 
     def __init__(self, source: Source, *, redraw_hz: float = 4.0, profile_steps: int = 5,
@@ -109,6 +111,8 @@ class DashboardApp(CommandActions, App[str]):
                 yield RanksView(id="ranks-view")
             with TabPane("6 Doctor", id="doctor"):
                 yield ReportView(doctor.report, doctor.versions, id="doctor-view")
+            with TabPane("7 Metrics", id="metrics"):
+                yield MetricsView(id="metrics-view")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -270,6 +274,7 @@ class DashboardApp(CommandActions, App[str]):
             view.refresh_report(state)
         self._show_ranks_tab()
         self.query_one(RanksView).refresh_ranks(state)
+        self.query_one(MetricsView).refresh_metrics(state)
         if len(state.findings) != self._doctor_count:
             self._doctor_count = len(state.findings)
             badge = Text(f"({self._doctor_count})", doctor.SEVERITY_STYLES[state.findings.worst()])
@@ -296,6 +301,8 @@ class DashboardApp(CommandActions, App[str]):
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if event.pane.id == "layers":
             self.query_one(LayersView).focus_table()
+        elif event.pane.id == "metrics":
+            self.query_one(MetricsView).focus()
         self.refresh_bindings()  # the chart keys work on the Overview only
 
     def action_chart(self, what: str) -> None:
@@ -306,21 +313,27 @@ class DashboardApp(CommandActions, App[str]):
             self.query_one(Overview).refresh_charts(self.state, self.view)
             self.refresh_bindings()
 
+    def on_metrics_view_pin(self, message: MetricsView.Pin) -> None:
+        self.view.pinned = message.name
+        self.query_one(Overview).refresh_charts(self.state, self.view)
+
     def action_wide_events(self) -> None:
         self.query_one(Overview).toggle_wide_events()
 
     def action_help(self) -> None:
-        on_layers = self.query_one(TabbedContent).active == "layers"
-        self.push_screen(HelpScreen(help_rows(self.check_action, on_layers)))
+        active = self.query_one(TabbedContent).active
+        self.push_screen(HelpScreen(help_rows(self.check_action, active == "layers", active == "metrics")))
 
 
-def help_rows(check, on_layers: bool) -> list[tuple[str, str, bool]]:
+def help_rows(check, on_layers: bool, on_metrics: bool = False) -> list[tuple[str, str, bool]]:
     """The help screen's rows, (key, description, available now): the app's keys, available as
-    ``check`` (``check_action``) says, then the Layers tab's, available ``on_layers``.
-    The README's keys table is held to these (tests/unit/test_docs.py)."""
+    ``check`` (``check_action``) says, then the Layers tab's, available ``on_layers``, then the
+    Metrics tab's, available ``on_metrics``. The README's keys table is held to these
+    (tests/unit/test_docs.py)."""
     rows = key_rows(DashboardApp.BINDINGS, check)
     rows += [(b.key_display or b.key, b.description, on_layers) for b in LayersView.BINDINGS]
     rows.append(("enter", "Chart the layer's history", on_layers))
+    rows += [(b.key_display or b.key, b.description, on_metrics) for b in MetricsView.BINDINGS]
     return rows
 
 

@@ -1,5 +1,5 @@
-"""What the ``ptdash`` command checks before it creates anything: that the run dir can be
-one, that ``-m MODULE`` can be found, that ``--resume`` names a readable ptdash checkpoint.
+"""What the ``ptdash`` command checks before it creates anything: that the script can run,
+that the run dir can be one, that ``-m MODULE`` can be found, that ``--resume`` names a readable ptdash checkpoint.
 
 Each check raises CliError with one line (exit status 2), so a bad option leaves nothing
 behind: no run dir, no engine. None of them imports torch or runs the user's code: the
@@ -158,3 +158,33 @@ def git_commit(target: list[str]) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def target(argv: list[str], module_name: str | None) -> tuple[list[str], str]:
+    """The bootstrap's argv (the script or ``-m module_name``, then ``argv``'s rest) and the run
+    name; one-line errors for a bad script."""
+    if module_name:
+        module(module_name)
+        return ["-m", module_name, *argv], module_name.rsplit(".", 1)[-1]
+    if not argv:
+        raise CliError("no script given (usage: ptdash [options] script.py [args...])")
+    script = argv[0]
+    if script.startswith("-"):
+        raise CliError(f"unrecognized option {script}")
+    path = Path(script)
+    source = path
+    if path.is_dir():  # a directory with a __main__.py, as python runs it (a zip is a file)
+        source = path / "__main__.py"
+        if not source.is_file():
+            raise CliError(f"cannot run {script!r}: a directory without a __main__.py", 2)
+    elif not path.is_file():
+        raise CliError(f"cannot open script {script!r}: no such file", 2)
+    if zipfile.is_zipfile(path):
+        return list(argv), path.stem
+    try:
+        compile(source.read_bytes(), str(source) if source is not path else script, "exec")
+    except SyntaxError as exc:
+        raise CliError(f"syntax error in {exc.filename or script}, line {exc.lineno}: {exc.msg}", 1) from None
+    except ValueError as exc:  # source with null bytes
+        raise CliError(f"cannot compile {script}: {exc}", 1) from None
+    return list(argv), path.stem

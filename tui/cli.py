@@ -26,7 +26,6 @@ import os
 import socket
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 from ptdash.shared import __version__, frontlink, perms, rundir
@@ -40,6 +39,7 @@ from .errors import CliError
 from .headless import headless, say
 from .ls import cmd_ls
 from .nodefront import follow_node
+from .notify import watcher as notify_watcher
 from .options import (
     NO_TERMINAL_PAUSE_TIMEOUT,
     count_arg,
@@ -103,6 +103,7 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc-per-node", type=count_arg(1), default=1, metavar="N",
                    help="launch N ranks through torch.distributed's launcher (DDP), on each node")
     nodeopts.add_arguments(p)
+    options.add_notify_arguments(p)
     p.add_argument("--detect-anomaly", action="store_true",
                    help="turn on autograd anomaly detection (slow): a failing backward names the forward "
                         "line that caused it")
@@ -119,35 +120,6 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 # -------------------------------------------------------------------------- running
-
-
-def _check_target(target: list[str], module: str | None) -> tuple[list[str], str]:
-    """The bootstrap's argv and the run name; one-line errors for a bad script."""
-    if module:
-        checks.module(module)
-        return ["-m", module, *target], module.rsplit(".", 1)[-1]
-    if not target:
-        raise CliError("no script given (usage: ptdash [options] script.py [args...])")
-    script = target[0]
-    if script.startswith("-"):
-        raise CliError(f"unrecognized option {script}")
-    path = Path(script)
-    source = path
-    if path.is_dir():  # a directory with a __main__.py, as python runs it (a zip is a file)
-        source = path / "__main__.py"
-        if not source.is_file():
-            raise CliError(f"cannot run {script!r}: a directory without a __main__.py", 2)
-    elif not path.is_file():
-        raise CliError(f"cannot open script {script!r}: no such file", 2)
-    if zipfile.is_zipfile(path):
-        return list(target), path.stem
-    try:
-        compile(source.read_bytes(), str(source) if source is not path else script, "exec")
-    except SyntaxError as exc:
-        raise CliError(f"syntax error in {exc.filename or script}, line {exc.lineno}: {exc.msg}", 1) from None
-    except ValueError as exc:  # source with null bytes
-        raise CliError(f"cannot compile {script}: {exc}", 1) from None
-    return list(target), path.stem
 
 
 def launch(args: argparse.Namespace, target: list[str], name: str,
@@ -230,6 +202,8 @@ def launch(args: argparse.Namespace, target: list[str], name: str,
     if output is not None:
         output.close()
     rundir.update_info(run_dir, pid=proc.pid, launcher_pid=proc.pid, nproc_per_node=args.nproc_per_node)
+    if args.notify and (nodes is None or nodes.hub):  # one notifier a run: node 0's
+        notify_watcher.start(run_dir, args.notify, args.notify_on)
     return run_dir, proc
 
 
@@ -374,7 +348,7 @@ def _main(argv: list[str]) -> int:
     start = _script_start(argv)
     args = _run_parser().parse_args(argv[:start])
     args.target, args.lineage = argv[start:], lineage
-    target, name = _check_target(args.target, args.module)
+    target, name = checks.target(args.target, args.module)
     args.nodes = nodeopts.resolve(args, os.environ)
     if args.nodes is not None and not args.nodes.hub:
         return follow_node(args.nodes, *launch(args, target, name))

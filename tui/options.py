@@ -144,3 +144,27 @@ def add_anomaly_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rollback-limit", type=limit_arg, default=(3, 1000), metavar="N:M",
                    help="more than N rollbacks within M steps pause the run instead (stop it when a pause "
                         "would time out unanswered); default 3:1000")
+
+
+def notify_kinds_arg(text: str) -> frozenset[str]:
+    """``--notify-on``: which kinds of event ``--notify`` tells."""
+    from .notify.watcher import parse_kinds
+
+    try:
+        return parse_kinds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--notify-on ")) from None
+
+
+def add_notify_arguments(p: argparse.ArgumentParser) -> None:
+    """``--notify``, ``--notify-on`` (docs/notify.md) and ``--no-terminal-notify``."""
+    from .notify import KINDS
+
+    p.add_argument("--notify", metavar="CMD",
+                   help="run the shell command CMD for the events that need a person (the run's end, a pause "
+                        "on an anomaly, a rollback, a stall, a restart): one JSON object on its stdin, "
+                        "PTDASH_EVENT and PTDASH_RUN in its environment; at most one call a kind a minute")
+    p.add_argument("--notify-on", type=notify_kinds_arg, default=frozenset(KINDS), metavar="KINDS",
+                   help=f"the kinds --notify tells, comma-separated, of {','.join(KINDS)} (default: all)")
+    p.add_argument("--no-terminal-notify", dest="terminal_notify", action="store_false",
+                   help="the dashboard sends no desktop notification (OSC 9/777) and no bell for those events")

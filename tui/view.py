@@ -41,6 +41,8 @@ class ChartView:
     metric: int = 0
     """Which group of the printed metrics the metrics panel draws (tabs/overview.metric_groups),
     counted on by the ``v`` key (modulo the groups there are)."""
+    pinned: str | None = None
+    """The series pinned to the Overview from the Metrics tab (``*``), None when none is."""
 
     @property
     def zoomed(self) -> bool:

@@ -1,6 +1,7 @@
 """The run's history: an SQLite database in WAL mode inside the run dir, and its writer.
 
-The engine is the only writer, so nothing is lost while no dashboard is attached; any
+The engine is the writer, so nothing is lost while no dashboard is attached (the one other
+is ``append_event``: the notifier's single word that the user's command fails); any
 number of readers (``reader.StoreReader``: the dashboard, ``ptdash ls``, exports, tests)
 can read it while it is written and always see whole transactions. SQLite survives a
 crash mid-write: an interrupted transaction is rolled back on the next open.
@@ -371,6 +372,19 @@ class StoreWriter:
             log.warning("store: could not checkpoint the WAL at close: %s", exc)
         finally:
             self._db.close()
+
+
+def append_event(path: Path | str, event: Event, timeout_s: float = 5.0) -> None:
+    """Add one event to a run's store from a process other than the engine (the notifier says
+    once that the user's command fails): one short transaction, waiting up to ``timeout_s``
+    for the engine's own; a write of the engine's that meets it is kept and retried as any
+    locked write is. Raises sqlite3.Error when it cannot."""
+    db = sqlite3.connect(path, timeout=timeout_s, isolation_level=None)
+    try:
+        db.execute("INSERT INTO events (wall, step, kind, message, data, rank) VALUES (?, ?, ?, ?, ?, ?)",
+                   (event.wall, event.step, event.kind, event.message, _json(event.data), event.rank))
+    finally:
+        db.close()
 
 
 _VALUES = operator.itemgetter(2)

@@ -15,7 +15,7 @@ from textual.widget import Widget
 
 from .. import compare
 from ..state import RunState
-from ..tabs import overview
+from ..tabs import metrics, overview
 from ..view import ChartView
 from .chart_panel import ChartPanel
 from .compare_table import CompareTable
@@ -25,7 +25,8 @@ from .log_pane import LogPane
 CHARTS = (("loss", "loss"), ("lr", "learning rate"), ("grad", "grad norm"), ("metrics", "printed"),
           ("speed", "speed"))
 """(id, title) of each chart, in layout order; what each draws is ``overview.CHARTS[id]``. The
-metrics panel (what the script printed) shows only when there is some (``-printed``)."""
+metrics panel (what the script printed) shows only when there is some (``-printed``); the
+series pinned from the Metrics tab (``-pinned``) takes the speed chart's place."""
 
 COMPARED = {"loss": compare.loss, "lr": compare.lr, "grad": compare.grad, "metrics": compare.printed}
 """The charts that overlay the compared runs, and their builders."""
@@ -78,6 +79,12 @@ class Overview(Widget):
     Overview.-printed #metrics-panel {
         display: block;
     }
+    Overview #pinned-panel {
+        display: none;
+    }
+    Overview.-pinned #pinned-panel {
+        display: block;
+    }
     """
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
@@ -88,6 +95,7 @@ class Overview(Widget):
         with Container(id="charts"):
             for key, title in CHARTS:
                 yield ChartPanel(title, id=f"{key}-panel")
+            yield ChartPanel("pinned", id="pinned-panel")
         yield CompareTable(id="compare-table")
         with Horizontal(id="panes"):
             yield LogPane(id="log")
@@ -121,11 +129,23 @@ class Overview(Widget):
                 panel.note = Text("by time" if by_time else "by step", "dim")
             else:
                 panel.legend, panel.chart, panel.note = spec.draw(state, view, reads)
+        self._refresh_pinned(state, view)
         if runs:
             fingerprint = (compare.versions(runs, False), tuple(r.state or "" for r in runs))
             if self._seen.get("table") != fingerprint:
                 self._seen["table"] = fingerprint
                 self.query_one(CompareTable).rows = [(r.colour, compare.figures(r)) for r in runs]
+
+    def _refresh_pinned(self, state: RunState, view: ChartView) -> None:
+        """The series pinned from the Metrics tab, in a chart of its own (none: hidden)."""
+        self.set_class(view.pinned is not None, "-pinned")
+        fingerprint = (view.pinned, metrics.versions(state, list(metrics.pinned_reads(state, view.pinned))),
+                       view.smoothing)
+        if self._seen.get("pinned") == fingerprint:
+            return
+        self._seen["pinned"] = fingerprint
+        panel = self.query_one("#pinned-panel", ChartPanel)
+        panel.legend, panel.chart, panel.note = metrics.pinned(state, view.pinned, view.smoothing)
 
 
 def _fingerprint(state: RunState, reads: tuple[str, ...]) -> tuple:
