@@ -56,8 +56,9 @@ class Notifier:
         message = f"the --notify command {how} (for a {kind} event){': ' + last if last else ''}; " \
                   "later failures are not journaled"
         try:
-            append_event(self.run_dir / STORE_NAME, Event(kind="warning", step=int(body.get("step") or 0), wall=time.time(),
-                                                          message=message, data={"notify": how}))
+            note = Event(kind="warning", step=int(body.get("step") or 0), wall=time.time(), message=message,
+                         data={"notify": how})
+            append_event(self.run_dir / STORE_NAME, note)
         except sqlite3.Error:
             pass  # no store to journal into (a run that never started): the failure is only counted
         return False

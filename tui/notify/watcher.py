@@ -112,7 +112,7 @@ def parse_kinds(text: str) -> frozenset[str]:
 def start(run_dir: Path, command: str, kinds: frozenset[str]) -> subprocess.Popen:
     """Start the notifier of ``run_dir`` in a session of its own (a closed terminal or a
     Ctrl-C does not end it; the run's end does)."""
-    return subprocess.Popen([sys.executable, "-m", "ptdash.tui.notify", str(run_dir), "--command", command,
+    return subprocess.Popen([sys.executable, "-m", "ptdash.tui.notify", str(run_dir.resolve()), "--command", command,
                              "--on", ",".join(sorted(kinds))], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
