@@ -13,6 +13,7 @@ Build it with ``make_app(source)``; the CLI, tests and the screenshot script all
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 
@@ -28,6 +29,8 @@ from .commands import CommandActions, keeps_snapshots
 from .compare import Comparison
 from .eventline import EventLine
 from .messages import SourceUpdate
+from .notify.notices import of_event
+from .notify.terminal import TerminalTeller, end_notice
 from .source import Backfill, Connection, History, InfoChanged, LogLines, Source
 from .state import RunState
 from .tabs import doctor, overview, profiler, ranks, system
@@ -69,6 +72,7 @@ class DashboardApp(CommandActions, App[str]):
         Binding("q", "quit", "Quit", id="quit"),
         Binding("t", "toggle_time", "By time/step", id="compare.time"),
         Binding("question_mark", "help", "Help", key_display="?", id="help"),
+        Binding("n", "terminal_notify", "Desktop notifications and bell on/off", id="terminal_notify", show=False),
         *CHART_BINDINGS,
         Binding("1", "show_tab('overview')", "Overview tab", id="tab.overview", show=False),
         Binding("2", "show_tab('layers')", "Layers tab", id="tab.layers", show=False),
@@ -80,7 +84,7 @@ class DashboardApp(CommandActions, App[str]):
     ]
 
     def __init__(self, source: Source, *, redraw_hz: float = 4.0, profile_steps: int = 5,
-                 comparison: Comparison | None = None) -> None:
+                 comparison: Comparison | None = None, terminal_notify: bool = True) -> None:
         super().__init__()
         self.source = source
         self.comparison = comparison or Comparison()
@@ -95,6 +99,9 @@ class DashboardApp(CommandActions, App[str]):
         self._doctor_count = 0
         self.view = ChartView()
         """How the Overview's charts are looked at (the chart keys change it)."""
+        self.teller = TerminalTeller(write=self._write_terminal, run_name=source.name, in_tmux="TMUX" in os.environ,
+                                     enabled=terminal_notify)
+        """Tells the terminal (a desktop notification, the bell) what needs a person; ``n`` turns it off."""
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
@@ -186,6 +193,7 @@ class DashboardApp(CommandActions, App[str]):
         if controls_changed:
             self.refresh_bindings()
         self._show_stacks(stacks_before)
+        self.teller.due(time.monotonic())
         self._schedule_redraw()
 
     def _apply_history(self, history: History, new_events: list[EventLine]) -> bool:
@@ -200,6 +208,8 @@ class DashboardApp(CommandActions, App[str]):
         self.state.set_status(status)
         if old is not None and old.state == status.state:
             return False
+        if old is not None and status.state in ENDED:  # live: a run shown already ended tells nothing
+            self.teller.offer(end_notice(status), time.monotonic())
         if status.state == "crashed":
             last = status.detail.strip().splitlines()[-1] if status.detail.strip() else "see the output pane"
             line = EventLine(time.time(), status.step, f"run crashed: {last}", "error")
@@ -226,6 +236,7 @@ class DashboardApp(CommandActions, App[str]):
 
     def _alert(self, event: Event) -> None:
         """Live events that need the user now: an OOM report, a stall (where the ranks are), a pause for an anomaly."""
+        self.teller.offer(of_event(event), time.monotonic())
         what = events.read(event)
         if isinstance(what, events.Oom) and not isinstance(self.screen, OomScreen):
             self.push_screen(OomScreen(what))
@@ -313,6 +324,14 @@ class DashboardApp(CommandActions, App[str]):
             self.query_one(Overview).refresh_charts(self.state, self.view)
             self.refresh_bindings()
 
+    def _write_terminal(self, text: str) -> None:
+        if self._driver is not None:
+            self._driver.write(text)
+
+    def action_terminal_notify(self) -> None:
+        self.teller.enabled = not self.teller.enabled
+        self.notify(f"desktop notifications and the bell {'on' if self.teller.enabled else 'off'}", timeout=3)
+
     def on_metrics_view_pin(self, message: MetricsView.Pin) -> None:
         self.view.pinned = message.name
         self.query_one(Overview).refresh_charts(self.state, self.view)
@@ -341,6 +360,7 @@ def make_app(source: Source, **options) -> DashboardApp:
     """The dashboard for ``source`` (LiveSource or ReplaySource).
 
     Options: ``redraw_hz`` (chart redraws per second, default 4), ``profile_steps``
-    (steps the ``p`` key profiles, default 5), ``comparison`` (runs drawn beside it).
+    (steps the ``p`` key profiles, default 5), ``comparison`` (runs drawn beside it),
+    ``terminal_notify`` (desktop notifications and the bell, default on).
     """
     return DashboardApp(source, **options)

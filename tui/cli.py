@@ -208,7 +208,7 @@ def launch(args: argparse.Namespace, target: list[str], name: str,
 
 
 def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True, compare: tuple[Path, ...] = (),
-              by_time: bool = False) -> int:
+              by_time: bool = False, terminal_notify: bool = True) -> int:
     """Run the Textual app on a run (``compare``: runs drawn behind it, by default a fork's
     parent); return the exit status."""
     from .app import make_app
@@ -218,7 +218,7 @@ def dashboard(run_dir: Path, proc: subprocess.Popen | None, live: bool = True, c
 
     source = LiveSource(run_dir) if live else ReplaySource(run_dir)
     compare = compare or runs.parent_of(run_dir)
-    result = make_app(source, comparison=Comparison(compare, by_time)).run()
+    result = make_app(source, comparison=Comparison(compare, by_time), terminal_notify=terminal_notify).run()
     if result == "detach":
         print(f"Training continues in the background. Re-attach with: ptdash attach {run_dir}")
         return 0
@@ -250,7 +250,7 @@ def cmd_open(sub: str, args: argparse.Namespace) -> int:
 
         return print_summaries([main, *others], args.json)
     return dashboard(main.path, None, live=sub == "attach" and main.live, compare=tuple(o.path for o in others),
-                     by_time=args.by_time)
+                     by_time=args.by_time, terminal_notify=getattr(args, "terminal_notify", True))
 
 
 def _demo_help(script: str) -> int:
@@ -353,7 +353,7 @@ def _main(argv: list[str]) -> int:
     if args.nodes is not None and not args.nodes.hub:
         return follow_node(args.nodes, *launch(args, target, name))
     if not (args.headless or not sys.stdout.isatty()):
-        return dashboard(*launch(args, target, name))
+        return dashboard(*launch(args, target, name), terminal_notify=args.terminal_notify)
     if args.pause_timeout is None and not has_terminal():
         args.pause_timeout = NO_TERMINAL_PAUSE_TIMEOUT  # a batch job must not wait for ever
     # The link tells the engine when this front dies without detaching (see headless.py).

@@ -96,6 +96,9 @@ def _attach() -> Parser:
                    help="draw this run behind the live one, as a reference (repeatable)")
     p.add_argument("--by-time", action="store_true",
                    help="align the reference runs by elapsed time instead of by step (key t toggles)")
+    p.add_argument("--no-terminal-notify", dest="terminal_notify", action="store_false",
+                   help="no desktop notification (OSC 9/777) and no bell when the run ends, pauses, rolls back "
+                        "or stalls (key n toggles)")
     p.add_argument("--once", action="store_true", help="print the run's state now as plain text and exit")
     p.add_argument("--json", action="store_true", help="the summary of --once as a JSON object (implies --once)")
     return p

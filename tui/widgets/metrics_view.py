@@ -27,7 +27,7 @@ MAX_CELLS = 16
 """Charts a page holds at most (the pool of panels made once)."""
 CELL_WIDTH = 38
 """The narrowest a small chart gets: columns of the grid are the tab's width over this."""
-CELL_HEIGHT = 7
+CELL_HEIGHT = 6
 """The lowest a small chart gets (its border and x labels included)."""
 
 
