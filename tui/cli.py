@@ -6,6 +6,7 @@ ptdash [options] -m module [args...]      run a module
 ptdash demo [demo args...]                the built-in demo
 ptdash attach [RUN]  /  show RUN [RUN...]  re-attach, browse (several runs side by side)
 ptdash ls [--all]                         list runs
+ptdash runs  /  ptdash                    the runs view: pick runs to open (overlaid)
 ptdash fork RUN [--at STEP] [options]     a new run from one of RUN's checkpoints
 ptdash ctl [RUN] COMMAND [VALUE]          steer a run from another terminal
 ptdash doctor [RUN]                       what the training doctor found
@@ -51,7 +52,7 @@ from .options import (
     steps_arg,
 )
 
-SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor", "export", "stacks", "fork")
+SUBCOMMANDS = ("demo", "attach", "show", "ls", "ctl", "doctor", "export", "stacks", "fork", "runs")
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -60,7 +61,7 @@ def _run_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,  # ``--over 5`` would be a guess; the script's options are never ours
         description="Run a PyTorch training script with a live terminal dashboard.",
         usage="ptdash [options] (script.py | -m module | demo) [args...]\n"
-              "       ptdash attach [RUN] | show RUN [RUN...] | ls | doctor [RUN] | ctl [RUN] COMMAND [VALUE]\n"
+              "       ptdash attach [RUN] | show RUN [RUN...] | ls | runs | doctor [RUN] | ctl [RUN] COMMAND [VALUE]\n"
               "       ptdash export RUN --format csv|jsonl|tensorboard [-o PATH]\n"
               "       ptdash fork RUN [--at STEP | --from CKPT] [options]",
         epilog="Each subcommand has --help (ptdash show --help). Keys in the dashboard: space pause/resume, "
@@ -253,6 +254,20 @@ def cmd_open(sub: str, args: argparse.Namespace) -> int:
                      by_time=args.by_time, terminal_notify=getattr(args, "terminal_notify", True))
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    """``ptdash runs`` (and ``ptdash`` alone at a terminal): the runs view, then the runs chosen
+    in it, overlaid as ``show`` draws them (one live run alone: attached)."""
+    if not sys.stdout.isatty():
+        return cmd_ls(subcommands.parse("ls", ["--all"] if args.all else []))
+    from .runsview import RunsApp, run_rows
+
+    chosen = RunsApp(run_rows(runs.all_runs(everywhere=args.all))).run() or []
+    if not chosen:
+        return 0
+    main, *others = (runs.resolve(str(path)) for path in chosen)
+    return dashboard(main.path, None, live=main.live and not others, compare=tuple(o.path for o in others))
+
+
 def _demo_help(script: str) -> int:
     """``ptdash demo --help``: ptdash's word on the demo, then the demo script's own options."""
     print(subcommands.parser("demo").format_help())
@@ -306,6 +321,8 @@ def _script_start(argv: list[str]) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if not argv and sys.stdout.isatty() and sys.stdin.isatty():  # `ptdash` alone, at a terminal
+        return cmd_runs(subcommands.parse("runs", []))
     first, lineage = _first_positional(argv), {}
     if first is not None and argv[first] in SUBCOMMANDS and not Path(argv[first]).is_file():
         sub, rest = argv[first], argv[first + 1:]
@@ -315,6 +332,8 @@ def _main(argv: list[str]) -> int:
                            f"(see ptdash {sub} --help)")
         if sub == "ls":
             return cmd_ls(subcommands.parse("ls", rest))
+        if sub == "runs":
+            return cmd_runs(subcommands.parse("runs", rest))
         if sub == "ctl":
             return cmd_ctl(rest)
         if sub == "doctor":

@@ -184,13 +184,21 @@ def _export() -> Parser:
     return p
 
 
+def _runs() -> Parser:
+    p = _parser("runs", "The runs view: this directory's runs (and the live ones anywhere) in the terminal, newest\n"
+                        "first: / filters, space marks, enter opens the marked runs overlaid (as show A B).\n"
+                        "Plain `ptdash` at a terminal opens it too. Without a terminal this prints `ptdash ls`.")
+    p.add_argument("--all", action="store_true", help="every run you created, wherever it is (as ls --all)")
+    return p
+
+
 def _demo() -> Parser:
     return _parser("demo", "Run the built-in demo: a small GPT learning to write English, on CPU or GPU.\n"
                            "usage: ptdash [options] demo [demo options]  (ptdash's options go before `demo`)")
 
 
 PARSERS = {"ls": _ls, "show": _show, "attach": _attach, "doctor": _doctor, "ctl": _ctl, "export": _export,
-           "stacks": _stacks, "demo": _demo, "fork": _fork}
+           "stacks": _stacks, "demo": _demo, "fork": _fork, "runs": _runs}
 
 
 def parser(name: str) -> Parser:

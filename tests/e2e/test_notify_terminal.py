@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import re
 import select
 import signal
 import struct
@@ -78,6 +79,24 @@ def test_the_raw_terminal_output_carries_the_notification_when_the_run_ends(tmp_
         term.close()
 
 
+def type_filter(tmux, placeholder: str, text: str) -> None:
+    """``/``, then ``text`` in the filter box once it is up, then Enter. A busy machine may
+    take keys before the box has the focus: until ``text`` shows alone in the box, clear it
+    (ctrl+a, ctrl+k) and type again."""
+    tmux.type("main", "/")
+    tmux.wait_for("main", placeholder, 30)
+    field = re.compile(rf"^ +{re.escape(text)}(\s{{2,}}|\s*$)", re.MULTILINE)
+    deadline = time.monotonic() + 60
+    tmux.type("main", text)
+    while not field.search(tmux.screen("main")):
+        assert time.monotonic() < deadline, tmux.screen("main")
+        time.sleep(0.5)
+        if not field.search(tmux.screen("main")):
+            tmux.keys("main", "C-a", "C-k")
+            tmux.type("main", text)
+    tmux.keys("main", "Enter")
+
+
 @pytest.fixture
 def tmux(request):
     require_tmux()
@@ -98,11 +117,35 @@ def test_the_metrics_tab_lists_every_printed_metric_and_a_filter_narrows_them(tm
     for name in PRINTED:
         assert f"printed/{name}" in screen, screen
     assert "loss " in screen and "grad/norm_total" in screen  # ptdash's own series are there too
-    tmux.keys("main", "/")
-    tmux.wait_for("main", "regular expression", 10)
-    tmux.type("main", "valid")
-    tmux.keys("main", "Enter")
+    type_filter(tmux, "regular expression", "valid")
     screen = tmux.wait_for("main", "/valid/ keeps 4", 30)
     for name in PRINTED:
         assert (f"printed/{name}" in screen) == name.startswith("valid_"), screen
     assert "grad/norm_total" not in screen
+
+
+def test_the_runs_view_overlays_two_runs(tmux, tmp_path):
+    """``ptdash`` alone lists the runs here; two marked and Enter: both drawn as ``show A B`` draws them."""
+    from support.recorded_run import make_run
+
+    root = tmp_path / "ptdash-runs"
+    make_run(root, steps=300, status="finished", exit_code=0, name="baseline")
+    make_run(root, steps=200, status="finished", exit_code=0, name="lr-3e-3", seed=3)
+    tmux.start("main", PTDASH, tmp_path, width=120, height=40, env={**TERM_ENV, "COLUMNS": "120", "LINES": "40"})
+    screen = tmux.wait_for("main", "2 runs here", 60)
+    assert "baseline" in screen and "lr-3e-3" in screen and "finished" in screen
+    assert "300" in screen and "200" in screen  # the steps
+    type_filter(tmux, "filter: words in", "lr-3")
+    screen = tmux.wait_for("main", "keeps 1", 30)
+    assert "baseline" not in screen
+    tmux.keys("main", "Escape")
+    tmux.wait_for("main", "baseline", 30)
+    tmux.keys("main", "Space")
+    tmux.wait_for("main", "1 marked", 30)
+    tmux.keys("main", "Space")
+    tmux.wait_for("main", "2 marked", 30)
+    tmux.keys("main", "Enter")
+    screen = tmux.wait_for("main", "replay (read-only)", 60)
+    # The compare table under the charts names both runs, and the loss chart overlays them.
+    tmux.wait_for("main", re.compile(r"lr-3e-3[\s\S]*baseline|baseline[\s\S]*lr-3e-3"), 30)
+    assert "by step" in tmux.screen("main")
