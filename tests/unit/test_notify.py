@@ -45,6 +45,7 @@ def test_the_end_says_how_the_run_ended_and_its_exit(status, code, detail, state
     body = payload(of_end(info), info)
     assert body["event"] == "end" and body["state"] == state and body["exit_code"] == code
     assert body["run"] == "train" and body["run_dir"] == "/runs/train" and body["step"] == 120
+    assert body["text"].startswith(f"ptdash train: end: run train {state}")
 
 
 def _notice(kind: str, step: int) -> Notice:

@@ -78,12 +78,16 @@ def payload(notice: Notice, info: RunInfo, count: int = 1, earlier: list[Notice]
             held: dict[str, dict] | None = None) -> dict:
     """The JSON object the command reads on its stdin.
 
-    ``count``: how many events of the kind this call tells (more than one when the rate
-    limit held some back: ``earlier`` are those, oldest first, told in this one); ``held``:
-    at the end of the run, the other kinds' events still held back, summed per kind.
+    ``text`` says it all in one line, for a chat webhook. ``count``: how many events of the
+    kind this call tells (more than one when the rate limit held some back: ``earlier`` are
+    those, oldest first, told in this one); ``held``: at the end of the run, the other kinds'
+    events still held back, summed per kind.
     """
+    summed = f" (and {count - 1} more)" if count > 1 else ""
     out = {"event": notice.kind, "run": info.name, "run_dir": info.run_dir, "message": notice.message,
-           "step": notice.step, "wall": notice.wall, "count": count, **notice.detail}
+           "step": notice.step, "wall": notice.wall, "count": count, **notice.detail,
+           # What a chat webhook (Slack's, Mattermost's) shows of the object as it is.
+           "text": f"ptdash {info.name}: {notice.kind}: {notice.message}{summed}"}
     if earlier:
         out["earlier"] = [{"message": n.message, "step": n.step, "wall": n.wall} for n in earlier]
     if held:
