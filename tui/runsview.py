@@ -59,15 +59,15 @@ def run_rows(found: list[RunSummary]) -> list[RunRow]:
         parent = Path(run.info.parent).name if run.info.parent else ""
         if parent and run.info.fork_step is not None:
             parent += f" @{run.info.fork_step:,}"
-        rows.append(RunRow(run.path, run.path.name, run.state, run.step, _newest_loss(run.path), run.started,
+        rows.append(RunRow(run.path, run.info.name, run.state, run.step, _newest_loss(run.path), run.started,
                            parent, run.live))
     return rows
 
 
 def matching(rows: list[RunRow], text: str) -> list[RunRow]:
-    """The rows whose name, state or parent holds every word of ``text`` (any case)."""
+    """The rows whose name (or dir), state or parent holds every word of ``text`` (any case)."""
     words = text.lower().split()
-    return [r for r in rows if all(w in f"{r.name} {r.state} {r.parent}".lower() for w in words)]
+    return [r for r in rows if all(w in f"{r.name} {r.path.name} {r.state} {r.parent}".lower() for w in words)]
 
 
 def _started(wall: float) -> str:

@@ -231,3 +231,38 @@ def test_compare(snap_compare, compared_runs, size):
                     what="both runs drawn")
 
     assert snap_compare(app, terminal_size=size, run_before=loaded)
+
+
+METRICS_KEYS = {
+    "grid": ["7"],
+    "filtered": ["7", "slash", "v", "a", "l", "enter"],
+    "zoomed": ["7", "right", "right", "enter"],
+}
+
+
+@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["120x40", "80x24"])
+@pytest.mark.parametrize("keys", list(METRICS_KEYS))
+def test_the_metrics_tab(snap_compare, printed_run, size, keys):
+    """Every series in a grid, what the script printed first; ``/val`` keeps the three ``val``
+    ones; Enter zooms the third chart of the page."""
+    app, loaded = replay(printed_run)
+    assert snap_compare(app, press=METRICS_KEYS[keys], terminal_size=size, run_before=loaded)
+
+
+def test_a_series_pinned_to_the_overview(snap_compare, printed_run):
+    """``*`` on the Metrics tab's second chart, then the Overview: it takes the speed chart's place."""
+    app, loaded = replay(printed_run)
+    assert snap_compare(app, press=["7", "right", "asterisk", "1"], terminal_size=WIDE, run_before=loaded)
+
+
+@pytest.mark.parametrize("marked", [False, True], ids=["list", "two-marked"])
+def test_the_runs_view(snap_compare, compared_runs, single_run, marked):
+    """``ptdash runs``: three runs, newest first, with their state, steps, newest loss and start;
+    Space marks two (numbered in the order marked)."""
+    from ptdash.shared import rundir
+    from ptdash.tui.runs import RunSummary
+    from ptdash.tui.runsview import RunsApp, run_rows
+
+    app = RunsApp(run_rows([RunSummary(p, rundir.read_info(p)) for p in (*compared_runs, single_run)]))
+    keys = ["space", "space"] if marked else []
+    assert snap_compare(app, press=keys, terminal_size=NARROW)
