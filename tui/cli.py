@@ -259,7 +259,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     in it, overlaid as ``show`` draws them (one live run alone: attached)."""
     if not sys.stdout.isatty():
         return cmd_ls(subcommands.parse("ls", ["--all"] if args.all else []))
-    from .runsview import RunsApp, run_rows
+    from .runsview import run_rows
+    from .widgets.runs_app import RunsApp
 
     chosen = RunsApp(run_rows(runs.all_runs(everywhere=args.all))).run() or []
     if not chosen:

@@ -261,7 +261,8 @@ def test_the_runs_view(snap_compare, compared_runs, single_run, marked):
     Space marks two (numbered in the order marked)."""
     from ptdash.shared import rundir
     from ptdash.tui.runs import RunSummary
-    from ptdash.tui.runsview import RunsApp, run_rows
+    from ptdash.tui.runsview import run_rows
+    from ptdash.tui.widgets.runs_app import RunsApp
 
     app = RunsApp(run_rows([RunSummary(p, rundir.read_info(p)) for p in (*compared_runs, single_run)]))
     keys = ["space", "space"] if marked else []

@@ -4,4 +4,5 @@ import sys
 
 from .watcher import main
 
-sys.exit(main())
+if __name__ == "__main__":  # imported (as the import hygiene test does), it only defines
+    sys.exit(main())
