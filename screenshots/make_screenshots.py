@@ -15,7 +15,9 @@ Every run goes through the real CLI (``ptdash --headless``) in a temporary direc
   (system.svg) and the Layers tab sorted by grad norm with its flags, the top parameter
   charted (layers.svg);
 - ``tests/scripts/doctor/loop_bugs.py`` (planted bugs), copied in as ``train.py``, to its
-  crash: the Doctor tab with its findings (doctor.svg).
+  crash: the Doctor tab with its findings (doctor.svg);
+- ``tests/scripts/six_metrics.py`` (a classifier printing six metrics every 10 steps) to its
+  end: the Metrics tab, every series in a grid, what the script printed first (metrics.svg).
 
 Two runs side by side are not shot here: docs/compare.md shows the TUI snapshot test's
 picture of them (tests/tui/__snapshots__/test_snapshots/test_compare[120x40].svg).
@@ -49,6 +51,7 @@ REPLAY_SHOTS = (
     ("loader", (120, 36), ("3",), "system.svg"),
     ("loader", (120, 36), ("2", "o", "enter"), "layers.svg"),
     ("doctor", (120, 36), ("6",), "doctor.svg"),
+    ("six", (120, 36), ("7",), "metrics.svg"),
 )
 """(run, terminal size, keys pressed after loading, file name) of the shots of finished runs."""
 
@@ -132,8 +135,10 @@ def main() -> int:
         shutil.copy(REPO / "tests" / "scripts" / "doctor" / "loop_bugs.py", work / "train.py")
         loader, runs["loader"] = start(work, "loader", [str(HERE / "scripts" / "loader_train.py")])
         doctor, runs["doctor"] = start(work, "doctor", ["train.py"])
+        six, runs["six"] = start(work, "six", [str(REPO / "tests" / "scripts" / "six_metrics.py"), "--steps", "120"])
         finish(loader)
         finish(doctor)
+        finish(six)
         demo, demo_dir = start(work, "demo", ["demo", *DEMO_ARGS])
         try:
             deadline = time.monotonic() + 120
