@@ -92,3 +92,29 @@ def test_a_bad_notify_on_is_refused_in_one_line(tmp_path):
     (line,) = result.stderr.strip().splitlines()[-1:]
     assert "--notify-on" in line and "crash" in line, result.stderr
     assert not (tmp_path / "ptdash-runs").exists()
+
+
+def test_a_detached_run_killed_with_nobody_watching_is_told_killed(tmp_path):
+    """The front detaches (SIGHUP: the terminal went away), then the engine is SIGKILLed: no
+    front writes its end and the engine cannot, yet the notifier tells a ``killed`` end."""
+    import os
+    import signal
+
+    from ptdash.shared import rundir
+    from support.runner import Run
+
+    run = Run(tmp_path, SCRIPTS / "steady.py", "--sleep", "0.05", options=("--notify", RECORD))
+    try:
+        run.wait_step(3)
+        run.proc.send_signal(signal.SIGHUP)
+        assert run.proc.wait(60) != 0  # it detached: training goes on by itself
+        run.wait_step(run.last_step() + 3)
+        os.kill(rundir.read_info(run.run_dir).pid, signal.SIGKILL)
+        run_dir = run.run_dir.resolve()
+        calls = wait_for(lambda: _notifier_gone(run_dir) and _calls(tmp_path / "calls.tsv"), 90,
+                         what="the notifier's end call")
+    finally:
+        run.close()
+    (*_, (_, event, where, end),) = calls
+    assert event == "end" and where == str(run_dir) and end["state"] == "killed", calls
+    assert "went away" in end["message"] and end["exit_code"] is None
