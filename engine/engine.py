@@ -27,12 +27,11 @@ from pathlib import Path
 
 import torch
 
-from . import link, nodes, rollback, system
-from .anomalies import Anomalies
+from . import link, nodes, recovery_parts, system
 from .budget import Budget
 from .checkpoint import Checkpointer
 from .controls import NO_OPTIMIZER, Controls, Settings
-from .discovery import Discovery, model_names, param_names
+from .discovery import Discovery, model_names
 from .distributed import Distributed, env_rank
 from .doctor import Doctor
 from .flusher import Flusher, LayerNaming
@@ -112,16 +111,15 @@ class Engine:
             self.controls.on_queued = self.hub.wake
         self.doctor = Doctor(self.journal.event, config, lambda: self.discovery.models, lambda: self.hooks.step,
                              lambda: self.hooks.loaders.describe(), judge_loss=leads)
-        self.anomalies = Anomalies(self.journal.event, config.on_anomaly, self.controls.pause_here,
-                                   self.controls.submit, lambda: self.controls.paused or self.controls.requested_pause,
-                                   lambda params: param_names(self.discovery.models, params))
-        self.anomalies.judge_loss = leads  # the loss is the run's: rank 0 judges it once
+        recovery = recovery_parts.build(config=config, leads=leads, journal=self.journal, controls=self.controls,
+                                        settings=self.settings, discovery=self.discovery, dist=self.dist,
+                                        state=lambda: self.hooks.state)
+        self.judge, self.anomalies, self.rollback = recovery.judge, recovery.anomalies, recovery.rollback
+        self.controls.rollback = self.rollback
         self.hooks = Hooks(self.settings, self.controls, self.recorder, self.doctor, self.discovery, self.anomalies,
                            self.user_values, self.journal, self.budget, self._first_step, self._discovered,
                            self._step_end)
         self.controls.lr_refusal = lambda: NO_OPTIMIZER if self.hooks.inferred.optimizer_less() else None
-        self.rollback = rollback.Rollback.for_run(config, self.discovery, self.journal, self.settings,
-                                                  self.controls, self.anomalies, self.hooks, self.dist)
         self.naming = LayerNaming(self.discovery)
         self._patches = Patches()
         """The engine's own patches (the resumed run's scheduler guard)."""

@@ -18,6 +18,7 @@ from typing import Callable
 from .discovery import Discovery, param_names
 from .printed import merge
 from .recorder import Recorder, _to_host
+from .sharded import is_sharded, local
 from .shared import events, packed
 from .shared.protocol import LayerNames, Layers, Message, Metrics, Samples
 from .shared.wire import to_dict
@@ -250,7 +251,7 @@ class Flusher:
             return [], []
         last = layer_rows[-1]
         names, fresh = self._naming.name(last.params, last.step)
-        flags, findings = self._anomalies.check_layers(last.step, names.names, last.grad_norms)
+        flags, findings = self._anomalies.check_layers(last.step, names.names, last.grad_norms, _held(last.params))
         for row in layer_rows[:-1]:
             if None in row.grad_norms:  # a non-finite step inside the flush: name it
                 own, _ = self._naming.name(row.params, row.step)
@@ -279,3 +280,11 @@ class Flusher:
             self._last_layer_record = now
             return True
         return False
+
+
+def _held(params: list) -> list[bool] | None:
+    """Of shards (FSDP), whether this rank's shard of each parameter holds data; None when
+    the parameters are whole (an empty shard's zero norm is no vanishing gradient)."""
+    if not params or not is_sharded(params):
+        return None
+    return [t.numel() > 0 for t in local(params)]

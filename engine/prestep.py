@@ -45,8 +45,8 @@ class PreStep:
 
     It reads and writes the shared per-step ``state`` (stepstate.py), finds each optimizer
     in ``optimizers`` (tracked.py), applies the live ``settings`` (clip, LR factor) and
-    the ``controls`` queued for the boundary, hands a non-finite step to ``anomalies``
-    before its update and shows the doctor's watched steps to ``doctor``; ``budget`` says
+    the ``controls`` queued for the boundary, has ``anomalies.judge`` judge a CPU step before
+    its update, hands a bad one (non-finite, or a spike) to ``anomalies``, and shows the doctor's watched steps to ``doctor``; ``budget`` says
     which steps are sampled, and ``first_step()`` is called at the first boundary (before
     the first update: join the rank channel).
     """
@@ -59,8 +59,8 @@ class PreStep:
         """The registered hook; None while it is off (``take_off``) or detached."""
         self._resume: FirstForward | None = None
         self._dist_checked = False
-        self.rollback = None
-        """The rollback part (rollback.py): it judges a CPU step's spikes before its update."""
+        self._judge = anomalies.judge
+        """The one judge (judge.py): a CPU step's values are judged before its update."""
 
     def attach(self) -> None:
         """Register the hook (the caller attaches once)."""
@@ -104,7 +104,7 @@ class PreStep:
                         state.unmetered(self._anomalies.before_update, opt, state.step + 1, None, [])
                         state.lean = {}  # commands may have been applied in its pause
                         break
-                    if value > state.loss_max and self._spike(opt, [value], None):
+                    if value > state.loss_max and self._judged(opt, [value], None):
                         state.lean = {}
                         break
                     if len(losses) == 1 and loss.dtype is not _FLOAT64:
@@ -128,6 +128,8 @@ class PreStep:
             state.t_pre = t_in = _perf_counter()
             state.in_step = True
         tracked.closure_losses = len(state.losses) if closure is not None else None
+        if closure is not None and main:
+            self._judge.owe(state.step + 1)  # its values come from the closure: judged at the flush
         result = None
         if closure is not None:
             wrapped = wrappers.wrap_closure(state, self.grads_ready, tracked, closure)
@@ -177,7 +179,7 @@ class PreStep:
                 if not _finite_on_cpu(state.losses):
                     state.unmetered(self._anomalies.before_update, opt, step, None, [])
                 elif main:
-                    self._spike(opt, state.losses, None)
+                    self._judged(opt, state.losses, None)
             return
         elif note is None and override is not None and tracked.sharded:
             # A live clip of shards: the whole model's total, a collective that every rank
@@ -214,7 +216,7 @@ class PreStep:
                     state.extra += _perf_counter() - t0
                     state.unmetered(self._anomalies.before_update, opt, step, per_tensor, params)
                     return
-                if main and self._spike(opt, state.losses, norm):
+                if main and self._judged(opt, state.losses, norm):
                     state.extra += _perf_counter() - t0
                     return
         if main and every and (step % every == 0 or state.ratio_owed) and params:
@@ -223,15 +225,14 @@ class PreStep:
             state.before = metrics.snapshot(params)
         state.extra += _perf_counter() - t0
 
-    def _spike(self, opt, losses: list, norm: float | None) -> bool:
-        """Whether the rollback judged this CPU step a spike (and rolled back) before its update."""
-        rollback = self.rollback
-        if rollback is None or not rollback.judging:
+    def _judged(self, opt, losses: list, norm: float | None) -> bool:
+        """Whether the judge found this CPU step a spike before its update (and the anomaly
+        handler paused, skipped, rolled back or warned: ``anomalies.py``)."""
+        state = self._state
+        finding = self._judge.at_step(state.step + 1, losses, norm)
+        if finding is None:
             return False
-        why = rollback.judge(losses, norm)
-        if why is None:
-            return False
-        self._state.unmetered(rollback.before_update, self._state.step + 1, why)
+        state.unmetered(self._anomalies.before_update, opt, finding.step, None, [], finding)
         return True
 
     def boundary(self) -> None:

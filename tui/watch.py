@@ -161,7 +161,9 @@ def pause_text(run_dir: Path, info: RunInfo, why: Event | None, timeout: float |
     lines = [f"[ptdash] paused after step {info.paused_at}: {reason}"]
     if layer:
         lines.append(f"[ptdash]   layer: {layer}")
-    resume = "resume (the non-finite update is skipped)" if isinstance(what, events.Anomaly) else "resume"
+    before = isinstance(what, events.Anomaly) and not what.applied  # paused before the bad update
+    resume = "resume (the bad update is skipped)" if before else "resume (the bad update was applied)" \
+        if isinstance(what, events.Anomaly) else "resume"
     lines += [f"[ptdash]   {resume}:  ptdash ctl {run_dir} resume",
               f"[ptdash]   stop, with a checkpoint:  ptdash ctl {run_dir} stop",
               "[ptdash]   skip such updates without pausing next time:  ptdash --on-anomaly skip ...",

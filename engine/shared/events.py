@@ -90,11 +90,11 @@ class CommandAnswer(EventData):
 @kind
 @dataclass(frozen=True)
 class Anomaly(EventData):
-    """A non-finite loss or gradient, a loss spike, or a parameter's gradient flagged.
-
-    ``action`` is what ``--on-anomaly`` did about a non-finite step (``pause``, ``skip``,
-    ``warn``); ``flag`` names a parameter's flag (``nonfinite``, ``exploding``) with ``layer``
-    its first parameter and ``count`` how many; a spike has its ``loss`` and ``average``.
+    """A bad step the judge found (engine/judge.py): ``what`` it was (``non-finite``, ``loss
+    spike``, ``gradient norm spike``), a spike's ``value`` and the ``limit`` it passed, the
+    parameter (``layer``) a non-finite gradient was first seen in, and what ``--on-anomaly``
+    did about it (``action``: ``pause``, ``skip``, ``warn``). Older runs' events may carry a
+    parameter's ``flag`` with its ``count``, or a spike's ``loss`` and ``average``.
     """
 
     kind: ClassVar[str] = "anomaly"
@@ -105,6 +105,12 @@ class Anomaly(EventData):
     count: int | None = None
     loss: float | None = None
     average: float | None = None
+    what: str | None = None
+    value: float | None = None
+    limit: float | None = None
+    applied: bool | None = None
+    """Whether the bad update was applied (found at the flush, or under DDP): a pause then
+    skips nothing."""
 
     @property
     def paused(self) -> bool:
@@ -116,7 +122,8 @@ class Anomaly(EventData):
 @dataclass(frozen=True)
 class Rollback(EventData):
     """``--on-anomaly rollback``: the state of ``to_step`` was put back at ``step`` because of
-    ``why`` (first seen at ``from_step``), ``skipped`` batches' updates undone; or (with
+    ``why`` (first seen at ``from_step``), ``skipped`` batches' updates not kept, of which
+    ``undone`` had been applied (the bad one's never is on CPU); or (with
     ``limit``) too many rollbacks, and the run paused or stopped (``action``); or (``lr_scale``
     alone) the LR factor lowered after one came back."""
 
@@ -126,6 +133,7 @@ class Rollback(EventData):
     to_step: int | None = None
     why: str | None = None
     skipped: int | None = None
+    undone: int | None = None
     lr_scale: float | None = None
     limit: int | None = None
     within: int | None = None

@@ -1,4 +1,4 @@
-"""The rollback's spike judge (engine/spikes.py): robust, not a ratio."""
+"""The judge's spike rule (engine/spikes.py): robust, not a ratio."""
 
 import math
 import random
@@ -90,23 +90,18 @@ def test_a_gradient_norm_that_climbs_is_no_spike_one_that_jumps_is():
 
 
 def test_the_training_thread_judges_a_cpu_norm_by_the_one_before_it():
-    """The rollback's judge on CPU (prestep.py calls it before each update with the step's
-    norm) while the flusher fills the windows ten rows at a time, a flush behind."""
-    from types import SimpleNamespace
-
-    from ptdash.rollback import Rollback
-    from ptdash.shared.config import RunConfig
+    """The one judge on CPU (prestep.py calls it before each update with the step's norm)
+    while the flusher fills the windows ten rows at a time, a flush behind."""
+    from ptdash.judge import Judge
 
     def judged(series) -> list[int]:
-        part = Rollback(RunConfig(on_anomaly="rollback"), None, None, None, lambda c: None,
-                        SimpleNamespace(multi=False, ready=False), unattended=True)
-        part.keeper.at_step = True
+        judge = Judge(limit_to=lambda limit: None)
         found = []
         for i, norm in enumerate(series):
             if i % 10 == 0:
-                part.observe([(s, 0.0, {"loss": 1.0, "grad/norm_total": series[s]})
-                              for s in range(max(0, i - 20), max(0, i - 10)) if s not in found])
-            if part.judge([1.0], norm) is not None:
+                judge.observe([(s, 0.0, {"loss": 1.0, "grad/norm_total": series[s]})
+                               for s in range(max(0, i - 20), max(0, i - 10))])
+            if judge.at_step(i, [1.0], norm) is not None:
                 found.append(i)
         return found
 

@@ -157,7 +157,7 @@ def test_a_pause_waits_for_the_store_to_say_why(tmp_path):
     watcher.poll(False)
     assert said[0].startswith("[ptdash] paused after step 19: non-finite gradient before the update of step 20, "
                               "first in head.weight"), said
-    assert "[ptdash]   resume (the non-finite update is skipped):  ptdash ctl" in said[0]
+    assert "[ptdash]   resume (the bad update is skipped):  ptdash ctl" in said[0]
 
 
 def test_a_requested_pause_after_an_anomaly_pause_is_a_request(tmp_path):
