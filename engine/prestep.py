@@ -229,7 +229,9 @@ class PreStep:
         """Whether the judge found this CPU step a spike before its update (and the anomaly
         handler paused, skipped, rolled back or warned: ``anomalies.py``)."""
         state = self._state
-        finding = self._judge.at_step(state.step + 1, losses, norm)
+        lr = opt.param_groups[0]["lr"]  # the LR factor is applied after this: the judge sees the effective LR
+        finding = self._judge.at_step(state.step + 1, losses, norm,
+                                      lr * self._settings.lr_scale if type(lr) is float else None)
         if finding is None:
             return False
         state.unmetered(self._anomalies.before_update, opt, finding.step, None, [], finding)

@@ -22,11 +22,11 @@ class Recovery:
 
 
 def build(*, config, leads: bool, journal, controls, settings, discovery, dist, state: Callable) -> Recovery:
-    """The parts for ``config``: ``leads`` (rank 0) judges the loss (every rank does when the
+    """The parts for ``config``: ``leads`` (rank 0) judges spikes (every rank does when the
     ranks vote on a rollback); ``state()`` is the step boundary's shared state (stepstate.py),
     told the loss limit and read for the step's time and its ended losses."""
-    judge = Judge(limit_to=lambda limit: setattr(state(), "loss_max", limit),
-                  judge_loss=leads or config.on_anomaly == "rollback")
+    judge = Judge(limit_to=lambda limit: setattr(state(), "loss_max", limit), step_now=lambda: state().step,
+                  spikes=leads or config.on_anomaly == "rollback")
     rollback = None
     if Rollback.wanted_by(config):
         rollback = Rollback(config=config, discovery=discovery, journal=journal, settings=settings,

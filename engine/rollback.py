@@ -73,7 +73,7 @@ class Rollback:
         """Whether a rollback can put a state back, now or once a snapshot is taken: the run
         keeps them, and has a torch.optim optimizer (else an anomaly pauses instead)."""
         d = self._discovery
-        return self.keeper.off is None and (not d.optimizers or bool(d.live(d.optimizers)))
+        return self.keeper.off is None and bool(d.live(d.optimizers))
 
     @property
     def local(self) -> bool:

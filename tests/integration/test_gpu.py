@@ -66,6 +66,31 @@ def test_a_wild_batch_on_cuda_is_rolled_back_after_the_flush_that_saw_it(tmp_pat
     with StoreReader(tmp_path / "run" / "metrics.db") as s:
         (event,) = [e for e in s.events() if e.kind == "rollback"]
     assert event.data["from_step"] == 101 and event.data["to_step"] <= 100 < event.data["step"]
+    # One judge: the rollback is the bad step's one event, nothing reports it again.
+    with StoreReader(tmp_path / "run" / "metrics.db") as s:
+        assert [e.message for e in s.events() if e.kind == "anomaly"] == []
+    assert event.data["undone"] == event.data["skipped"] - 1 >= 0
+    assert "seen at the flush" in event.message
+
+
+def test_a_wild_batch_on_cuda_pauses_the_default_run_at_the_flush_and_says_its_update_was_applied(tmp_path):
+    from support.runner import Run, wait_for
+
+    run = Run(tmp_path, SCRIPTS / "cuda_wild.py")
+    try:
+        wait_for(lambda: run.info().status in ("paused", "finished"), 120, what="the deferred anomaly pause")
+        with run.store() as s:
+            events = [e for e in s.events() if e.kind in ("anomaly", "rollback")]
+        assert len(events) == 1, [e.message for e in events]
+        (event,) = events
+        assert event.data["step"] == 101 and event.data["applied"] is True and event.data["action"] == "pause"
+        assert "loss spike at step 101" in event.message and "its update was applied" in event.message
+        # The script's 600 steps may all be over before the first flush (the H200 ran 750 a
+        # second, its first flush at step 460): then there is no step left to pause at.
+        if run.info().status == "paused":
+            assert run.info().paused_at >= 101 and "pausing at the next step" in event.message
+    finally:
+        run.close()
 
 
 def test_a_cuda_snapshot_restores_bit_identically():
