@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from .link import HubNotListening, Link, LinkError, describe
+from .link import HubBusy, HubNotListening, Link, LinkError, describe
 from .shared import events
 from .shared.protocol import Command, Message
 from .shared.wire import to_dict
@@ -136,7 +136,7 @@ class Distributed:
                 self.link = Link(self._link_path, self._token, self.rank, self.world_size, self._hello,
                                  answer=self._answer)
                 return
-            except HubNotListening as exc:
+            except (HubNotListening, HubBusy) as exc:  # not up yet, or its port held by a flood
                 if time.monotonic() > deadline:
                     self._link_error = exc
                     return

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from .shared import authlink
+from .shared.private import peer_uid
 
 log = logging.getLogger("ptdash.link")
 
@@ -51,6 +52,11 @@ class LinkError(ConnectionError):
 
 class HubNotListening(LinkError):
     """Nothing listens at the hub's socket (yet): the hub's engine may still be starting."""
+
+
+class HubBusy(LinkError):
+    """The hub's port closed this connection in its handshake (a flood of connections holds
+    it, the network dropped it): trying again later may get in."""
 
 
 def socket_path(control_socket: str | Path) -> Path:
@@ -147,9 +153,13 @@ def _open(target, timeout: float) -> Conn:
         sock.settimeout(timeout)
         try:
             sock.connect(str(target))
+            uid = peer_uid(sock)  # the run's token goes to a process of this user only
         except OSError:
             sock.close()
             raise
+        if uid != os.getuid():
+            sock.close()
+            raise LinkError(f"the socket {target} is served by uid {uid}, not by this user: the token was not sent")
         return Conn(sock=sock)
     host, port, key = target
     return Conn(channel=authlink.dial(host, port, key, timeout=timeout))
@@ -168,8 +178,14 @@ def connect(target, token: str, rank: int, world: int, role: str, timeout: float
         conn = _open(target, timeout)
     except (FileNotFoundError, ConnectionRefusedError) as exc:  # no socket, or no listener (yet)
         raise HubNotListening(f"cannot reach the ptdash hub at {describe(target)}: {exc}") from None
-    except (OSError, authlink.LinkRefused) as exc:
-        raise LinkError(f"cannot reach the ptdash hub at {describe(target)}: {exc}") from None
+    except authlink.LinkRefused as exc:
+        kind = HubBusy if exc.transient else LinkError
+        raise kind(f"cannot reach the ptdash hub at {describe(target)}: {exc}") from None
+    except LinkError:
+        raise
+    except OSError as exc:  # reset, timed out: a port held by a flood, a network in trouble
+        kind = LinkError if isinstance(target, (str, Path)) else HubBusy
+        raise kind(f"cannot reach the ptdash hub at {describe(target)}: {exc}") from None
     try:
         conn.send({"hello": role, "token": token, "rank": rank, "world": world, "pid": os.getpid(), **(extra or {})})
         answer = conn.recv()

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import link
-from .shared import authlink, events, perms
+from .shared import authlink, events, linkport, perms
 from .shared.throttle import Throttle
 
 log = logging.getLogger("ptdash.nodeport")
@@ -55,8 +55,10 @@ class NodePort:
     ``run`` what a node's launcher is told of the run (its dir, id, host)."""
 
     def __init__(self, hub, host: str, port: int, key: bytes, job: str, config: dict, output: Path, run: dict,
-                 event: Callable[..., object]) -> None:
+                 event: Callable[..., object], nodes: int | None = None) -> None:
         self._hub, self._key, self._job, self._config, self._run = hub, key, job, config, run
+        self._nodes_in_job = nodes
+        """How many nodes the job has, when known: a hello from a node past them is refused."""
         self._event = event
         self._output = output
         self._out_lock = threading.Lock()
@@ -69,11 +71,11 @@ class NodePort:
         self._ids = itertools.count(1)
         self._throttle = Throttle(burst=3, window=60.0)
         self.host, self.port = host, port
-        self.listener: authlink.Listener | None = None
+        self.listener: linkport.Listener | None = None
 
     def start(self) -> None:
         """Listen (OSError when the port is taken: the caller says so)."""
-        self.listener = authlink.Listener(self.host, self.port, self._key, self._peer, name="ptdash-nodeport",
+        self.listener = linkport.Listener(self.host, self.port, self._key, self._peer, name="ptdash-nodeport",
                                           on_refuse=self._journal_refusal)
         self.host, self.port = self.listener.address
 
@@ -123,6 +125,8 @@ class NodePort:
         node, host = hello.get("node"), hello.get("host")
         if not isinstance(node, int) or isinstance(node, bool) or node < 1:
             return f"node {node!r} is not another node than the hub's"
+        if self._nodes_in_job is not None and node >= self._nodes_in_job:
+            return f"node {node} is not a node of this job of {self._nodes_in_job} nodes (0 to {self._nodes_in_job - 1})"
         if not isinstance(host, str) or not host or len(host) > MAX_HOST or not host.isprintable():
             return "the hello names no host"
         theirs, ours = _shared(hello.get("config")), _shared(self._config)

@@ -34,6 +34,9 @@ CHUNK = 60 << 10
 """Output sent in one frame at most."""
 CLOSE_WAIT = 10.0
 """Seconds the end waits for the output still unsent."""
+RETRY_FIRST, RETRY_MOST = 0.5, 8.0
+"""Seconds between tries to join a hub whose port closed this node in its handshake: the
+first wait, doubled each time up to the most."""
 
 
 class NodeRelay:
@@ -90,15 +93,30 @@ class NodeRelay:
                 self._cond.notify_all()
 
     def _connect(self) -> link.Conn | None:
-        """The link to the hub, tried until it answers or the launcher ends."""
+        """The link to the hub, tried until it answers or the launcher ends; a hub whose port
+        closed this node in its handshake (held by a flood) is tried again with backoff, and
+        the first such failure and the join after it are said on this launcher's stdout."""
+        wait, tries = RETRY_FIRST, 0
         while not self._closing:
             try:
-                return link.connect(self._target, "", -1, 0, "node", extra=self._hello)
+                conn = link.connect(self._target, "", -1, 0, "node", extra=self._hello)
             except link.HubNotListening:
                 time.sleep(0.2)
+                continue
+            except link.HubBusy as exc:
+                tries += 1
+                if tries == 1:
+                    self.say(f"node {self._hello['node']} could not join the run yet: {exc}; trying again, "
+                             f"every {RETRY_FIRST:g} s at first and at most every {RETRY_MOST:g} s")
+                time.sleep(wait)
+                wait = min(wait * 2, RETRY_MOST)
+                continue
             except link.LinkError as exc:
                 self.say(f"this node's output does not reach the run: {exc}")
                 return None
+            if tries:
+                self.say(f"node {self._hello['node']} joined the run after {tries + 1} tries")
+            return conn
         return None
 
     def _send_loop(self) -> None:

@@ -30,7 +30,8 @@ class Place:
     node: int
     """Its node's group rank (0: the hub's node)."""
     nodes: int | None
-    """How many nodes, when known (``PTDASH_NNODES`` from ptdash's launcher)."""
+    """How many nodes, when known (``PTDASH_NNODES`` from ptdash's launcher, else torchrun's
+    ``GROUP_WORLD_SIZE``)."""
     host: str
     """``MASTER_ADDR``: node 0's address, where the hub listens."""
     port: int
@@ -66,7 +67,8 @@ def place(environ=os.environ) -> Place | None:
     port = _int(environ, "MASTER_PORT")
     if None in (world, local, node, port) or world <= local or not environ.get("MASTER_ADDR"):
         return None
-    return Place(node=node, nodes=_int(environ, "PTDASH_NNODES"), host=environ["MASTER_ADDR"],
+    nodes = _int(environ, "PTDASH_NNODES") or _int(environ, "GROUP_WORLD_SIZE")  # ptdash's launcher, torchrun's
+    return Place(node=node, nodes=nodes, host=environ["MASTER_ADDR"],
                  port=link_port(port, environ), job=environ.get("TORCHELASTIC_RUN_ID", ""))
 
 
@@ -154,7 +156,7 @@ def open_port(hub, config: dict, info, event, environ=os.environ):
     try:
         run = {"run_dir": info.run_dir, "run_id": info.id, "host": hub.host}  # what node launchers are told
         port = NodePort(hub, local_address(where.host), where.port, load_key(), where.job, config,
-                        Path(info.run_dir) / "output.log", run, event)
+                        Path(info.run_dir) / "output.log", run, event, nodes=where.nodes)
         port.start()
     except (OSError, LinkKeyError) as exc:
         event("warning", f"the hub cannot listen for the other nodes at {where.address}: {exc}; their ranks run "

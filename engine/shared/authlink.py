@@ -25,25 +25,18 @@ Frames are authenticated, not encrypted: what travels (metrics, commands, the sc
 output) is not secret, the key is, and it never travels.
 
 Anything wrong ends the connection with ``LinkRefused`` (the reason in one line); the
-listener logs it through a Throttle and keeps serving, so garbage, a peer without the
-key or a flood of half-open connections cost a few log lines and nothing else.
+listener (linkport.py) logs it through a Throttle and keeps serving, so garbage, a peer
+without the key or a flood of half-open connections cost a few log lines and nothing else.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import os
 import socket
 import struct
 import threading
-import time
-from typing import Callable
-
-from .throttle import Throttle
-
-log = logging.getLogger("ptdash.shared.authlink")
 
 MAGIC = b"PTDLNK01"
 NONCE = 32
@@ -52,20 +45,24 @@ _LENGTH = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
 
 HANDSHAKE_TIMEOUT = 5.0
-"""Seconds a new connection has to complete the handshake."""
+"""Seconds the client's end waits for the server's handshake (the server's end: linkport.py)."""
 
 MAX_FRAME = 64 * 1024 * 1024
 """The largest payload a channel accepts unless told otherwise (a rank's largest flush)."""
 
-MAX_HANDSHAKES = 16
-"""Connections still in their handshake served at once; more are closed at once."""
-
-
 class LinkRefused(ConnectionError):
-    """The peer failed the handshake or sent a frame that does not check; the reason says how."""
+    """The peer failed the handshake or sent a frame that does not check; the reason says how.
+
+    ``transient``: the server closed or did not finish the handshake (a port held by a flood
+    of connections closes the oldest of them), so trying again later may get in."""
+
+    def __init__(self, reason: str, transient: bool = False) -> None:
+        super().__init__(reason)
+        self.transient = transient
 
 
-def _mac(key: bytes, *parts: bytes) -> bytes:
+def mac(key: bytes, *parts: bytes) -> bytes:
+    """HMAC-SHA256 of ``parts`` under ``key``."""
     return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
 
 
@@ -83,7 +80,7 @@ def _read(sock: socket.socket, size: int) -> bytes | None:
 def _need(sock: socket.socket, size: int, what: str) -> bytes:
     data = _read(sock, size)
     if data is None:
-        raise LinkRefused(f"the peer closed the connection during the handshake ({what})")
+        raise LinkRefused(f"the peer closed the connection during the handshake ({what})", transient=True)
     return data
 
 
@@ -106,7 +103,7 @@ class Channel:
             raise ValueError(f"a frame of {len(payload)} bytes is larger than {self.max_frame}")
         head = _LENGTH.pack(len(payload))
         with self._send_lock:
-            tag = _mac(self._send_key, _SEQ.pack(self._send_seq), head, payload)
+            tag = mac(self._send_key, _SEQ.pack(self._send_seq), head, payload)
             self._send_seq += 1
             self.sock.sendall(head + payload + tag)
 
@@ -123,7 +120,7 @@ class Channel:
         if body is None:
             raise LinkRefused("the connection ended inside a frame")
         payload, tag = body[:size], body[size:]
-        if not hmac.compare_digest(tag, _mac(self._recv_key, _SEQ.pack(self._recv_seq), head, payload)):
+        if not hmac.compare_digest(tag, mac(self._recv_key, _SEQ.pack(self._recv_seq), head, payload)):
             raise LinkRefused(f"frame {self._recv_seq} fails its MAC (altered, replayed or out of order)")
         self._recv_seq += 1
         return payload
@@ -136,29 +133,29 @@ class Channel:
         self.sock.close()
 
 
-def _session(key: bytes, sn: bytes, cn: bytes) -> tuple[bytes, bytes]:
+def session_keys(key: bytes, sn: bytes, cn: bytes) -> tuple[bytes, bytes]:
     """(client-to-server key, server-to-client key) of one connection."""
-    return _mac(key, b"c2s", sn, cn), _mac(key, b"s2c", sn, cn)
+    return mac(key, b"c2s", sn, cn), mac(key, b"s2c", sn, cn)
 
 
 def client_handshake(sock: socket.socket, key: bytes, max_frame: int = MAX_FRAME,
                      timeout: float | None = None) -> Channel:
     """Authenticate a connected socket as the client; the Channel, or LinkRefused."""
     sock.settimeout(timeout or HANDSHAKE_TIMEOUT)
-    peer = _name(sock.getpeername())
+    peer = peer_name(sock.getpeername())
     try:
         hello = _need(sock, len(MAGIC) + NONCE, "the server's nonce")
         if hello[:len(MAGIC)] != MAGIC:
             raise LinkRefused("the other end does not speak the ptdash link")
         sn, cn = hello[len(MAGIC):], os.urandom(NONCE)
-        sock.sendall(MAGIC + cn + _mac(key, b"client", sn, cn))
+        sock.sendall(MAGIC + cn + mac(key, b"client", sn, cn))
         proof = _need(sock, TAG, "the server's proof")
-        if not hmac.compare_digest(proof, _mac(key, b"server", sn, cn)):
+        if not hmac.compare_digest(proof, mac(key, b"server", sn, cn)):
             raise LinkRefused("the server does not hold this job's key")
     except socket.timeout:
-        raise LinkRefused("the handshake timed out") from None
+        raise LinkRefused("the handshake timed out", transient=True) from None
     sock.settimeout(None)
-    c2s, s2c = _session(key, sn, cn)
+    c2s, s2c = session_keys(key, sn, cn)
     return Channel(sock, c2s, s2c, max_frame, peer)
 
 
@@ -166,7 +163,7 @@ def server_handshake(sock: socket.socket, key: bytes, max_frame: int = MAX_FRAME
                      timeout: float | None = None) -> Channel:
     """Authenticate an accepted socket as the server; the Channel, or LinkRefused."""
     sock.settimeout(timeout or HANDSHAKE_TIMEOUT)
-    peer = _name(sock.getpeername())
+    peer = peer_name(sock.getpeername())
     sn = os.urandom(NONCE)
     try:
         sock.sendall(MAGIC + sn)
@@ -174,13 +171,13 @@ def server_handshake(sock: socket.socket, key: bytes, max_frame: int = MAX_FRAME
         if answer[:len(MAGIC)] != MAGIC:
             raise LinkRefused("the peer does not speak the ptdash link")
         cn, proof = answer[len(MAGIC):len(MAGIC) + NONCE], answer[len(MAGIC) + NONCE:]
-        if not hmac.compare_digest(proof, _mac(key, b"client", sn, cn)):
+        if not hmac.compare_digest(proof, mac(key, b"client", sn, cn)):
             raise LinkRefused("the peer does not hold this job's key")
-        sock.sendall(_mac(key, b"server", sn, cn))
+        sock.sendall(mac(key, b"server", sn, cn))
     except socket.timeout:
         raise LinkRefused("the handshake timed out") from None
     sock.settimeout(None)
-    c2s, s2c = _session(key, sn, cn)
+    c2s, s2c = session_keys(key, sn, cn)
     return Channel(sock, s2c, c2s, max_frame, peer)
 
 
@@ -212,95 +209,9 @@ def tune(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
 
 
-def _name(address) -> str:
+def peer_name(address) -> str:
+    """``host:port`` (``[host]:port`` for IPv6) of a socket address, for log lines."""
     if not isinstance(address, tuple) or len(address) < 2:  # a Unix socketpair (tests)
         return "local"
     host, port = address[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-class Listener:
-    """Accepts authenticated peers on one address: ``on_channel(channel)`` runs on a thread of
-    its own for each peer past the handshake. Refused peers are counted and logged."""
-
-    def __init__(self, host: str, port: int, key: bytes, on_channel: Callable[[Channel], None],
-                 max_frame: int = MAX_FRAME, name: str = "ptdash-link",
-                 on_refuse: Callable[[str, str], None] | None = None) -> None:
-        self._key, self._on_channel, self._max_frame, self._name = key, on_channel, max_frame, name
-        self._on_refuse = on_refuse
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._sock.bind((host, port))
-            self._sock.listen(64)
-        except OSError:
-            self._sock.close()
-            raise
-        self.address = self._sock.getsockname()[:2]
-        self._pending = threading.BoundedSemaphore(MAX_HANDSHAKES)
-        self._throttle = Throttle()
-        self._closing = False
-        self.refused = 0
-        """Connections refused so far (handshake failed, bad frames, too many at once)."""
-        self.last_refusal: str | None = None
-        self._thread = threading.Thread(target=self._accept_loop, name=name, daemon=True)
-        self._thread.start()
-
-    def _accept_loop(self) -> None:
-        while not self._closing:
-            try:
-                sock, address = self._sock.accept()
-            except OSError:
-                if self._closing:
-                    return
-                time.sleep(0.05)  # out of file descriptors: let the peers in their handshake finish
-                continue
-            if not self._pending.acquire(blocking=False):
-                self.refuse(_name(address), f"more than {MAX_HANDSHAKES} connections in their handshake")
-                sock.close()
-                continue
-            threading.Thread(target=self._serve, args=(sock, address), name=f"{self._name}-peer",
-                             daemon=True).start()
-
-    def _serve(self, sock: socket.socket, address) -> None:
-        try:
-            try:
-                tune(sock)
-                channel = server_handshake(sock, self._key, self._max_frame)
-            finally:
-                self._pending.release()
-        except (LinkRefused, OSError) as exc:
-            self.refuse(_name(address), str(exc) or type(exc).__name__)
-            sock.close()
-            return
-        try:
-            self._on_channel(channel)
-        except LinkRefused as exc:
-            self.refuse(channel.peer, str(exc))
-        except Exception:  # noqa: BLE001 - one peer's failure must not stop the listener
-            log.exception("link peer %s failed", channel.peer)
-        finally:
-            channel.close()
-
-    def refuse(self, peer: str, reason: str) -> None:
-        """Count and log (throttled) a refused peer."""
-        self.refused += 1
-        self.last_refusal = f"{peer}: {reason}"
-        allowed, held = self._throttle.allow()
-        if allowed:
-            log.warning("link: refused %s: %s%s", peer, reason,
-                        f" ({held} similar refusals before this one were not logged)" if held else "")
-        if self._on_refuse is not None:
-            try:
-                self._on_refuse(peer, reason)
-            except Exception:  # noqa: BLE001 - a note must not stop the listener
-                log.exception("noting a refusal failed")
-
-    def close(self) -> None:
-        self._closing = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()

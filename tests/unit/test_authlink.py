@@ -8,11 +8,14 @@ import os
 import random
 import socket
 import threading
+import time
 
 import pytest
 
 from ptdash.shared import authlink
-from ptdash.shared.authlink import MAGIC, NONCE, TAG, Channel, LinkRefused, Listener, dial
+from ptdash.shared import linkport
+from ptdash.shared.authlink import MAGIC, NONCE, TAG, Channel, LinkRefused, dial
+from ptdash.shared.linkport import Listener
 
 KEY = bytes.fromhex("11" * 32)
 OTHER = bytes.fromhex("22" * 32)
@@ -108,7 +111,7 @@ def test_a_proof_reflected_back_fails(echo):
     # cannot use the server's proof (it comes only after the client's, and has another label).
     sock = socket.create_connection((echo.host, echo.port))
     hello = sock.recv(len(MAGIC) + NONCE)
-    sock.sendall(MAGIC + hello[len(MAGIC):] + authlink._mac(OTHER, b"server", hello[len(MAGIC):], hello[len(MAGIC):]))
+    sock.sendall(MAGIC + hello[len(MAGIC):] + authlink.mac(OTHER, b"server", hello[len(MAGIC):], hello[len(MAGIC):]))
     assert sock.recv(64) == b""
     sock.close()
     assert "does not hold" in echo.listener.last_refusal
@@ -213,18 +216,73 @@ def test_seeded_garbage_and_broken_handshakes_never_stop_the_listener(echo):
     assert echo.listener.refused >= CASES * 4 // 5
 
 
-def test_half_open_connections_beyond_the_limit_are_closed_and_a_real_peer_gets_in_after(echo, monkeypatch):
-    monkeypatch.setattr(authlink, "HANDSHAKE_TIMEOUT", 1.0)
-    idle = [socket.create_connection((echo.host, echo.port)) for _ in range(authlink.MAX_HANDSHAKES + 4)]
+def _idle(host: str, port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection that takes the server's nonce and never answers."""
+    sock = socket.create_connection((host, port), source_address=(source, 0))
+    sock.settimeout(30)
+    assert len(sock.recv(len(MAGIC) + NONCE)) == len(MAGIC) + NONCE
+    return sock
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (waiting for it as long as it takes)."""
     try:
-        extra = idle[-1]
-        extra.settimeout(30)
-        assert extra.recv(64) == b""  # closed at once: over the limit
-        for sock in idle[:authlink.MAX_HANDSHAKES]:
-            sock.settimeout(30)
-            sock.recv(len(MAGIC) + NONCE)
-            assert sock.recv(64) == b""  # closed after the handshake's time limit
+        return sock.recv(64) == b""
+    except socket.timeout:
+        return False
+    except OSError:  # reset
+        return True
+
+
+def _wait(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_flood_of_idle_connections_never_keeps_a_real_peer_out(echo, monkeypatch):
+    """Past the cap of one address, the oldest pending connection is closed and the new one
+    served: a real peer gets in while the flood holds every place, and the flood's oldest
+    connections are the ones that go."""
+    monkeypatch.setattr(linkport, "FIRST_BYTES_SECONDS", 600.0)  # the flood stays as long as the test needs
+    cap = linkport.MAX_PER_ADDRESS
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(3):  # a sustained flood: it fills every place again before each dial
+            flood += [_idle(echo.host, echo.port) for _ in range(cap - echo.listener.pending)]
+            _wait(lambda: echo.listener.pending == cap, "the flood to hold every place of its address")
+            oldest = flood[-cap]
+            assert echo.works()  # the dial closed the oldest idle connection and got in
+            assert _closed(oldest)
+            assert "closed in its handshake for a newer connection" in echo.listener.last_refusal
+            assert echo.listener.pending == cap - 1
+    finally:
+        for sock in flood:
+            sock.close()
+
+
+def test_another_addresses_flood_never_takes_this_ones_places(echo, monkeypatch):
+    monkeypatch.setattr(linkport, "FIRST_BYTES_SECONDS", 600.0)
+    flood = [_idle(echo.host, echo.port, "127.0.0.2") for _ in range(linkport.MAX_PER_ADDRESS + 10)]
+    mine = [_idle(echo.host, echo.port) for _ in range(4)]
+    try:
+        _wait(lambda: echo.listener.pending == linkport.MAX_PER_ADDRESS + 4, "both floods pending")
+        for sock in flood[:10]:
+            assert _closed(sock)  # its own oldest made room for it
+        mine[0].setblocking(False)
+        with pytest.raises(BlockingIOError):
+            mine[0].recv(64)  # this address's are all still pending
+    finally:
+        for sock in flood + mine:
+            sock.close()
+
+
+def test_a_connection_that_sends_no_proof_is_closed_after_the_first_bytes_limit(echo):
+    sock = _idle(echo.host, echo.port)
+    try:
+        assert _closed(sock)
+        assert f"no proof of the key within {linkport.FIRST_BYTES_SECONDS:g} s" in echo.listener.last_refusal
         assert echo.works()
     finally:
-        for sock in idle:
-            sock.close()
+        sock.close()
