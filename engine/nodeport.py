@@ -1,9 +1,10 @@
 """The hub's TCP port: how the ranks and launchers of the other nodes reach node 0's hub.
 
 It listens on one address, the one the rendezvous uses on this machine (nodes.py), through
-the authenticated link (shared/authlink.py): a peer that does not hold the job's key never
-gets past the handshake. Past it, the first frame is a hello that must name this job (its
-rendezvous id), a node other than 0, and the same ptdash options as node 0's (the
+the authenticated link (shared/authlink.py, shared/linkport.py): a peer that does not hold
+the job's key never gets past the handshake, nor holds the port with idle connections.
+Past it, the first frame is a hello that must name this job (its rendezvous id), a node
+other than 0 and within the job's nodes, and the same ptdash options as node 0's (the
 replicas would differ otherwise); anything else is refused with the reason, logged, and
 journaled (throttled). Then:
 

@@ -6,7 +6,8 @@ comes to the node dir's output.log (a copy on this node) and keeps it for the hu
 sends it, in whole lines, over the authenticated link (nodeport.py on node 0), which
 appends it to the run's output.log. Until the hub answers (it starts with node 0's rank
 0, after the rendezvous) the output waits in a bounded buffer (``OUTPUT_BUFFER``; beyond,
-the oldest is dropped and the drop named). The hub's welcome says where the run is: the
+the oldest is dropped and the drop named); a hub whose port closed this node in its
+handshake (a flood holds it) is tried again with backoff, said on the launcher's stdout. The hub's welcome says where the run is: the
 launcher prints it on its own stdout. The hub may send ``kill``: the launcher kills
 itself, and its ranks die with it (rankstart.die_with_parent). At the end it says goodbye.
 """
