@@ -74,15 +74,19 @@ def refusal(seats: list[Seat], newcomer: Seat, name: str, max_clients: int, buff
             buffer_limit: int) -> str | None:
     """Why ``newcomer``, saying hello as ``name``, gets no seat, or None.
 
-    ``ptdash ctl`` is refused only when every ctl seat is taken; a dashboard when the
-    others (connections not known to be ctl, in their hello or served) reach
-    ``max_clients``, or when ``buffered`` unsent bytes reach ``buffer_limit``.
+    ``ptdash ctl`` takes one of its own seats, else a free seat of the room (many ctl at
+    once, as a script's loop sends them); it is refused only when both are full. A
+    dashboard is refused when the room's seats (connections not known to be ctl, in their
+    hello or served, and the ctl beyond their own seats) reach ``max_clients``, or when
+    ``buffered`` unsent bytes reach ``buffer_limit``.
     """
     others = [s for s in seats if s is not newcomer and not s.closing]
+    ctl = sum(1 for s in others if s.is_ctl)
+    count = len(others) - ctl + max(0, ctl - CTL_SEATS)
     if name == CTL:
-        ctl = sum(1 for s in others if s.is_ctl)
-        return None if ctl < CTL_SEATS else f"every seat kept for ptdash ctl is taken ({ctl})"
-    count = sum(1 for s in others if not s.is_ctl)
+        if ctl < CTL_SEATS or count < max_clients:
+            return None
+        return f"every seat is taken ({ctl} by ptdash ctl, {count - max(0, ctl - CTL_SEATS)} by dashboards)"
     if count >= max_clients:
         return f"too many connections ({count}); close another dashboard or ptdash ctl first"
     if buffered >= buffer_limit:
